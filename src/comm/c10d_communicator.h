@@ -1,0 +1,94 @@
+// C10dCommunicator: the Communicator over a c10d backend (ProcessGroupGloo, or ProcessGroupNCCL
+// for CUDA tensors). One communication thread runs the collectives in call order; each call
+// returns at once with a handle. The thread numbers collectives, records them with the
+// SyncMonitor, optionally checks shapes across ranks first (debug_sync), times them for the
+// CommsLogger, and turns a timeout or failure into the sync report (NOTE [sync report]).
+// After a failure the communicator is broken: every later collective fails with the same error.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "comm/comms_logger.h"
+#include "comm/op_desc.h"
+#include "comm/sync_monitor.h"
+#include "comm/torch_compat.h"
+#include "dscpp/comm.h"
+
+namespace dscpp::comm {
+
+class C10dCommunicator final : public Communicator {
+ public:
+  // `monitor_store` must be safe to use from another thread (see SyncMonitor); it may be `store`
+  // when that is thread-safe (HashStore). `prefix` separates this communicator's keys.
+  C10dCommunicator(c10::intrusive_ptr<compat::Backend> backend, std::string backend_name,
+                   c10::intrusive_ptr<c10d::Store> monitor_store, std::string prefix, int rank,
+                   int world_size, CommOptions options);
+  ~C10dCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+  std::string backend_name() const override { return backend_name_; }
+
+  using Communicator::all_gather;
+  using Communicator::reduce_scatter;
+  WorkHandle all_reduce(at::Tensor tensor, ReduceOp op) override;
+  WorkHandle reduce_scatter(at::Tensor output, at::Tensor input, std::vector<int64_t> counts,
+                            ReduceOp op) override;
+  WorkHandle all_gather(at::Tensor output, at::Tensor input,
+                        std::vector<int64_t> counts) override;
+  WorkHandle broadcast(at::Tensor tensor, int root) override;
+  WorkHandle barrier() override;
+  WorkHandle send(at::Tensor tensor, int dst) override;
+  WorkHandle recv(at::Tensor tensor, int src) override;
+  void set_step(int64_t step) override { step_ = step; }
+  int64_t sequence_number() const override { return seq_; }
+  void log_summary() override;
+
+ private:
+  class State;
+  struct Task {
+    OpDesc desc;
+    int64_t seq;      // sequence number of a collective; for send/recv, that of the last one
+    bool collective;  // false for send/recv: no sequence number, no shape check
+    // Runs the operation. Collectives complete before returning null; send/recv only post and
+    // return the backend's handle, which the caller's wait() waits on (NOTE [point-to-point]).
+    std::function<c10::intrusive_ptr<compat::C10dWork>(int64_t seq)> body;
+    std::shared_ptr<State> state;
+  };
+
+  WorkHandle enqueue(OpDesc desc, bool collective,
+                     std::function<c10::intrusive_ptr<compat::C10dWork>(int64_t seq)> body);
+  void run_loop();
+  void run_task(Task& task);
+  void check_same_op_everywhere(int64_t seq, const OpDesc& desc);
+  void wait_c10d(const c10::intrusive_ptr<compat::C10dWork>& work);
+  int ring_tag_base(int64_t seq) const;
+
+  c10::intrusive_ptr<compat::Backend> backend_;
+  std::string backend_name_;
+  int rank_;
+  int world_size_;
+  CommOptions options_;
+  SyncMonitor monitor_;
+  CommsLogger logger_;
+  // NCCL has flat reduce_scatter/all_gather; Gloo (libtorch 1.13) does not: ring over send/recv.
+  bool native_flat_;
+
+  std::atomic<int64_t> seq_{0};   // collectives issued (call order)
+  std::atomic<int64_t> step_{-1};
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  bool stop_ = false;
+  std::exception_ptr broken_;  // first failure; set and read on the comm thread only
+  std::thread worker_;
+};
+
+}  // namespace dscpp::comm

@@ -1,0 +1,184 @@
+// Implements init_from_env() and make_gloo_communicator(): the TCPStore rendezvous with clear
+// errors (which address, which port, how long, which ranks are missing), and the choice of
+// backend and of the interface Gloo binds to.
+#include "comm/rendezvous.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <ATen/Context.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "comm/c10d_communicator.h"
+#include "comm/torch_compat.h"
+#include "dscpp/error.h"
+#include "util/log.h"
+
+namespace dscpp::comm {
+namespace {
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+double seconds(std::chrono::milliseconds ms) { return ms.count() / 1000.0; }
+
+std::string connect_hint(const ProcessEnv& pe) {
+  return fmt::format(
+      "HINT: check that rank 0 is running, that MASTER_ADDR={} is an address of rank 0's host "
+      "that this host can reach, and that no firewall blocks port {} ('dscpp check --hostfile "
+      "...' tests this from every host)",
+      pe.master_addr, pe.master_port);
+}
+
+// Every rank announces itself; all wait until the whole world has, or name who is missing.
+void wait_for_all_ranks(c10d::Store& store, const ProcessEnv& pe, std::chrono::milliseconds limit) {
+  store.set("dscpp/joined/" + std::to_string(pe.rank), bytes("1"));
+  std::vector<std::string> keys;
+  for (int r = 0; r < pe.world_size; ++r) keys.push_back("dscpp/joined/" + std::to_string(r));
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!store.check(keys)) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      std::string missing;
+      for (int r = 0; r < pe.world_size; ++r)
+        if (!store.check({keys[r]})) missing += (missing.empty() ? "" : ",") + std::to_string(r);
+      DSCPP_FAIL(CommError, "rendezvous at ", pe.master_addr, ":", pe.master_port,
+                 ": ranks ", missing, " of ", pe.world_size, " did not join within ",
+                 seconds(limit), " s (world size from ", pe.source,
+                 "). HINT: a rank failed to start or was started with a different WORLD_SIZE "
+                 "or MASTER_ADDR/MASTER_PORT; look at its output");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+c10::intrusive_ptr<c10d::Store> connect_store(const ProcessEnv& pe, bool server,
+                                              std::chrono::milliseconds limit) {
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(pe.master_port);
+  so.isServer = server;
+  so.numWorkers = c10::nullopt;
+  so.waitWorkers = false;
+  so.timeout = limit;
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(pe.master_addr, so);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    what = what.substr(0, what.find('\n'));
+    if (server) {
+      DSCPP_FAIL(CommError, "rank 0 could not start the rendezvous server on port ",
+                 pe.master_port, " (MASTER_ADDR=", pe.master_addr, "): ", what,
+                 ". HINT: the port is probably in use by another job; choose a free one with "
+                 "'dscpp launch --master_port N' or MASTER_PORT");
+    }
+    DSCPP_FAIL(CommError, "rank ", pe.rank, " could not reach the master at ", pe.master_addr,
+               ":", pe.master_port, " after trying for ",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+               " s: ", what, ". ", connect_hint(pe));
+  }
+}
+
+std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& local_address) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+    DSCPP_LOG_DEBUG("gloo: binding to interface {} (GLOO_SOCKET_IFNAME)", ifname);
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  }
+  DSCPP_LOG_DEBUG("gloo: binding to {}", local_address);
+  return c10d::ProcessGroupGloo::createDeviceForHostname(local_address);
+}
+
+}  // namespace
+
+std::string local_address_towards(const std::string& remote) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(remote.c_str(), "9", &hints, &res);
+  DSCPP_CHECK(rc == 0 && res, CommError, "MASTER_ADDR '", remote,
+              "' does not resolve: ", gai_strerror(rc),
+              ". HINT: use an IP address or a host name every node can resolve");
+  int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+  sockaddr_in local{};
+  socklen_t len = sizeof(local);
+  bool ok = fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+            ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0;
+  freeaddrinfo(res);
+  if (fd >= 0) ::close(fd);
+  DSCPP_CHECK(ok, CommError, "no route from this host to MASTER_ADDR ", remote,
+              ". HINT: check the address and this host's network configuration");
+  char buf[INET_ADDRSTRLEN] = {0};
+  inet_ntop(AF_INET, &local.sin_addr, buf, sizeof(buf));
+  return buf;
+}
+
+std::shared_ptr<Communicator> make_gloo_communicator(c10::intrusive_ptr<c10d::Store> store,
+                                                     int rank, int world_size,
+                                                     const CommOptions& options,
+                                                     const std::string& prefix,
+                                                     const std::string& local_address,
+                                                     c10::intrusive_ptr<c10d::Store> monitor_store) {
+  auto pg_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
+  pg_options->devices.push_back(gloo_device(local_address));
+  pg_options->threads = 1;
+  auto pg_store = c10::make_intrusive<c10d::PrefixStore>(prefix + "/pg", store);
+  c10::intrusive_ptr<compat::Backend> backend;
+  try {
+    backend = c10::make_intrusive<c10d::ProcessGroupGloo>(pg_store, rank, world_size, pg_options);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    DSCPP_FAIL(CommError, "rank ", rank, ": the Gloo process group of ", world_size,
+               " ranks could not connect: ", what.substr(0, what.find('\n')),
+               ". HINT: set GLOO_SOCKET_IFNAME to the interface the nodes share");
+  }
+  return std::make_shared<C10dCommunicator>(backend, "gloo", monitor_store ? monitor_store : store,
+                                            prefix, rank, world_size, options);
+}
+
+std::shared_ptr<Communicator> init_from_env(const CommOptions& options) {
+  ProcessEnv pe = detect_process_env();
+  set_log_rank(pe.rank);
+  std::string backend = options.backend;
+  if (backend == "auto") backend = at::hasCUDA() ? "nccl" : "gloo";
+  DSCPP_CHECK(backend == "gloo" || backend == "nccl", ConfigError, "unknown comm backend '",
+              backend, "'. HINT: use gloo, nccl or auto");
+#if !defined(DSCPP_HAVE_NCCL)
+  DSCPP_CHECK(backend != "nccl", CommError,
+              "the nccl backend was requested (CUDA is available or DSCPP_COMM_BACKEND=nccl) but "
+              "this dscpp was built against a libtorch without NCCL. HINT: rebuild dscpp against a "
+              "CUDA libtorch, or set DSCPP_COMM_BACKEND=gloo");
+#endif
+  if (pe.world_size == 1) {
+    DSCPP_LOG_DEBUG("single process ({}): no rendezvous", pe.source);
+    return make_gloo_communicator(c10::make_intrusive<c10d::HashStore>(), 0, 1, options);
+  }
+  DSCPP_LOG_DEBUG("rendezvous: rank {} of {} ({}), master {}:{}", pe.rank, pe.world_size,
+                  pe.source, pe.master_addr, pe.master_port);
+  auto store = connect_store(pe, pe.rank == 0, options.rendezvous_timeout);
+  wait_for_all_ranks(*store, pe, options.rendezvous_timeout);
+  // The sync monitor's thread gets its own connection: a TCPStore client is not meant to be
+  // shared between a blocked call and another thread.
+  auto monitor_store = connect_store(pe, false, options.rendezvous_timeout);
+  if (backend == "gloo") {
+    return make_gloo_communicator(store, pe.rank, pe.world_size, options, "dscpp",
+                                  local_address_towards(pe.master_addr), monitor_store);
+  }
+#if defined(DSCPP_HAVE_NCCL)
+  auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+  nccl_options->timeout = options.timeout;
+  auto pg_store = c10::make_intrusive<c10d::PrefixStore>("dscpp/pg", store);
+  auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(pg_store, pe.rank, pe.world_size,
+                                                        nccl_options);
+  return std::make_shared<C10dCommunicator>(pg, "nccl", monitor_store, "dscpp", pe.rank,
+                                            pe.world_size, options);
+#else
+  DSCPP_FAIL(CommError, "unreachable: nccl backend without NCCL support");
+#endif
+}
+
+}  // namespace dscpp::comm

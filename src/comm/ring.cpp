@@ -1,0 +1,99 @@
+// Implements the ring reduce-scatter and all-gather declared in ring.h.
+//
+// Reduce-scatter, rank r, n ranks, chunk c = input chunk c: at step s (0..n-2) rank r sends its
+// partial sum of chunk (r-1-s) mod n to rank r+1 and receives the partial sum of chunk
+// (r-2-s) mod n from rank r-1, adding its own input chunk to it. After n-1 steps the chunk it
+// received last is chunk r, summed over all ranks. Send and receive of a step are in flight at
+// once; buffers alternate so the one being sent is never the one being received into.
+#include "comm/ring.h"
+
+#include <ATen/ATen.h>
+
+#include "dscpp/error.h"
+
+namespace dscpp::comm {
+namespace {
+
+int mod(int a, int n) { return ((a % n) + n) % n; }
+
+void wait_both(const RingContext& ctx, c10::intrusive_ptr<compat::C10dWork>& a,
+               c10::intrusive_ptr<compat::C10dWork>& b) {
+  for (auto* w : {&a, &b}) {
+    if (!*w) continue;
+    bool ok = (*w)->wait(ctx.timeout);
+    DSCPP_CHECK(ok, CommTimeout, "point-to-point transfer did not complete within ",
+                ctx.timeout.count(), " ms");
+  }
+}
+
+std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> off(counts.size() + 1, 0);
+  for (size_t i = 0; i < counts.size(); ++i) off[i + 1] = off[i] + counts[i];
+  return off;
+}
+
+void accumulate(at::Tensor& acc, const at::Tensor& x, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg: acc.add_(x); break;
+    case ReduceOp::max: at::maximum_out(acc, acc, x); break;
+    case ReduceOp::min: at::minimum_out(acc, acc, x); break;
+  }
+}
+
+// One step's exchange: send `out` to next, receive into `in` from prev. Either may be empty
+// (zero-length chunk), in which case that side is skipped on both ends consistently because the
+// chunk sizes are known to every rank.
+void exchange(const RingContext& ctx, int step, at::Tensor out, at::Tensor in) {
+  int next = mod(ctx.rank + 1, ctx.world_size), prev = mod(ctx.rank - 1, ctx.world_size);
+  int tag = ctx.tag_base + step;
+  c10::intrusive_ptr<compat::C10dWork> sw, rw;
+  if (in.numel() > 0) {
+    std::vector<at::Tensor> v{in};
+    rw = ctx.backend.recv(v, prev, tag);
+  }
+  if (out.numel() > 0) {
+    std::vector<at::Tensor> v{out};
+    sw = ctx.backend.send(v, next, tag);
+  }
+  wait_both(ctx, sw, rw);
+}
+
+}  // namespace
+
+void ring_reduce_scatter(const RingContext& ctx, at::Tensor& output, const at::Tensor& input,
+                         const std::vector<int64_t>& counts, ReduceOp op) {
+  const int n = ctx.world_size, r = ctx.rank;
+  auto off = offsets_of(counts);
+  auto chunk = [&](int c) { return input.narrow(0, off[c], counts[c]); };
+  if (n == 1) {
+    output.copy_(input);
+    return;
+  }
+  int64_t max_chunk = *std::max_element(counts.begin(), counts.end());
+  at::Tensor bufs[2] = {at::empty({max_chunk}, input.options()),
+                        at::empty({max_chunk}, input.options())};
+  at::Tensor sending = chunk(mod(r - 1, n));  // step 0 sends this rank's own data
+  for (int s = 0; s < n - 1; ++s) {
+    int c = mod(r - 2 - s, n);
+    bool last = s == n - 2;  // then c == r and the result lands in output directly
+    at::Tensor into = last ? output : bufs[s % 2].narrow(0, 0, counts[c]);
+    exchange(ctx, s, sending, into);
+    accumulate(into, chunk(c), op);
+    sending = into;
+  }
+  if (op == ReduceOp::avg) output.div_(n);
+}
+
+void ring_all_gather(const RingContext& ctx, at::Tensor& output, const at::Tensor& input,
+                     const std::vector<int64_t>& counts) {
+  const int n = ctx.world_size, r = ctx.rank;
+  auto off = offsets_of(counts);
+  auto chunk = [&](int c) { return output.narrow(0, off[c], counts[c]); };
+  chunk(r).copy_(input);
+  for (int s = 0; s < n - 1; ++s) {
+    exchange(ctx, s, chunk(mod(r - s, n)), chunk(mod(r - s - 1, n)));
+  }
+}
+
+}  // namespace dscpp::comm

@@ -1,0 +1,36 @@
+// Ring reduce-scatter and all-gather over point-to-point send/recv, for backends that lack
+// flat (and uneven) versions: Gloo in libtorch 1.13 has neither reduce_scatter nor
+// _allgather_base. Each rank sends and receives (n-1)/n of the buffer, half of what a ring
+// all-reduce moves, so ZeRO's reduce-scatter costs what the paper says it costs.
+// Runs on the communicator's thread; blocks until done or throws (timeouts from the backend).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "comm/torch_compat.h"
+#include "dscpp/comm.h"
+
+namespace dscpp::comm {
+
+struct RingContext {
+  compat::Backend& backend;
+  int rank;
+  int world_size;
+  int tag_base;  // distinct per collective, so steps of different collectives never match
+  std::chrono::milliseconds timeout;
+};
+
+// input [sum(counts)] is not modified; output [counts[rank]] gets the reduction of chunk `rank`.
+// Extra memory: two buffers of the largest chunk.
+void ring_reduce_scatter(const RingContext& ctx, at::Tensor& output, const at::Tensor& input,
+                         const std::vector<int64_t>& counts, ReduceOp op);
+
+// input [counts[rank]]; output [sum(counts)] gets all inputs in rank order. No extra memory.
+void ring_all_gather(const RingContext& ctx, at::Tensor& output, const at::Tensor& input,
+                     const std::vector<int64_t>& counts);
+
+}  // namespace dscpp::comm

@@ -1,0 +1,27 @@
+// What this machine and this build offer dscpp, for `dscpp report` and `dscpp check`:
+// versions, collective backends, CUDA devices, the BLAS actually loaded and its measured speed,
+// SIMD level, threads, io_uring, memory. Each item is a name, a value and, when the value is a
+// problem, a hint.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace dscpp {
+
+struct SystemItem {
+  std::string name;
+  std::string value;
+  std::string hint;  // empty when nothing needs doing
+};
+
+// Measures the BLAS (a 1024x1024 fp32 matmul, best of a few) when `measure_blas` is true.
+std::vector<SystemItem> collect_system_info(bool measure_blas = true);
+
+// GFLOP/s of an n x n fp32 matmul on this process's threads, best of `repeats`.
+double measure_matmul_gflops(int n = 1024, int repeats = 5);
+
+// The BLAS library mapped into this process (resolved path), or "" when none is found.
+std::string loaded_blas_library();
+
+}  // namespace dscpp

@@ -1,0 +1,171 @@
+// Communicator tests with ranks as threads over a shared store: every operation at world sizes
+// 1 to 4, lengths 0, 1, odd and not divisible by the world size, several dtypes and ops, and bad
+// arguments. Each rank's input is a known function of (rank, index), so the expected result is
+// computed independently of the ring code.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "dscpp/comm.h"
+#include "dscpp/error.h"
+#include "support/thread_ranks.h"
+
+namespace dscpp::comm {
+namespace {
+
+using dscpp::testing::error_text;
+using dscpp::testing::run_thread_ranks;
+
+// Rank r's value at index i: distinct per rank and index, exact in fp32 for small sizes.
+at::Tensor rank_input(int r, int64_t n, at::ScalarType dtype = at::kFloat) {
+  return (at::arange(n, at::kDouble) * 0.5 + (r + 1) * 3).to(dtype);
+}
+
+at::Tensor expected_reduce(int world, int64_t n, ReduceOp op, at::ScalarType dtype = at::kFloat) {
+  at::Tensor acc = rank_input(0, n, at::kDouble);
+  for (int r = 1; r < world; ++r) {
+    auto x = rank_input(r, n, at::kDouble);
+    if (op == ReduceOp::max) acc = at::maximum(acc, x);
+    else if (op == ReduceOp::min) acc = at::minimum(acc, x);
+    else acc = acc + x;
+  }
+  if (op == ReduceOp::avg) acc = acc / world;
+  return acc.to(dtype);
+}
+
+void expect_no_errors(const std::vector<std::exception_ptr>& errors) {
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_FALSE(errors[r]) << "rank " << r << ": " << error_text(errors[r]);
+}
+
+class CommWorld : public ::testing::TestWithParam<int> {};
+
+TEST_P(CommWorld, AllReduceEveryOpAndLength) {
+  int world = GetParam();
+  expect_no_errors(run_thread_ranks(world, [&](Communicator& c) {
+    for (int64_t n : {0, 1, 7, 1001}) {
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min}) {
+        auto t = rank_input(c.rank(), n);
+        c.all_reduce(t, op)->wait();
+        EXPECT_TRUE(at::allclose(t, expected_reduce(world, n, op), 1e-6, 1e-6))
+            << "n=" << n << " op=" << reduce_op_name(op);
+      }
+    }
+    for (auto dtype : {at::kDouble, at::kLong}) {
+      auto t = rank_input(c.rank(), 33, dtype);
+      c.all_reduce(t, ReduceOp::sum)->wait();
+      EXPECT_TRUE(at::equal(t, expected_reduce(world, 33, ReduceOp::sum, dtype)));
+    }
+  }));
+}
+
+TEST_P(CommWorld, ReduceScatterEvenAndUneven) {
+  int world = GetParam();
+  expect_no_errors(run_thread_ranks(world, [&](Communicator& c) {
+    for (int64_t n : {0, 1, 5, 1001, 4096}) {
+      auto counts = split_evenly(n, world);
+      int64_t offset = 0;
+      for (int r = 0; r < c.rank(); ++r) offset += counts[r];
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
+        auto in = rank_input(c.rank(), n);
+        auto in_copy = in.clone();
+        auto out = at::full({counts[c.rank()]}, -1.0f);
+        c.reduce_scatter(out, in, counts, op)->wait();
+        auto want = expected_reduce(world, n, op).narrow(0, offset, counts[c.rank()]);
+        EXPECT_TRUE(at::allclose(out, want, 1e-6, 1e-5)) << "n=" << n << " op=" << reduce_op_name(op);
+        EXPECT_TRUE(at::equal(in, in_copy)) << "reduce_scatter modified its input";
+      }
+    }
+    // The equal-chunk overload.
+    auto in = rank_input(c.rank(), 8 * world);
+    auto out = at::empty({8});
+    c.reduce_scatter(out, in)->wait();
+    EXPECT_TRUE(at::allclose(out, expected_reduce(world, 8 * world, ReduceOp::sum).narrow(0, 8 * c.rank(), 8)));
+  }));
+}
+
+TEST_P(CommWorld, AllGatherEvenAndUneven) {
+  int world = GetParam();
+  expect_no_errors(run_thread_ranks(world, [&](Communicator& c) {
+    for (int64_t n : {0, 1, 5, 1001}) {
+      auto counts = split_evenly(n, world);
+      std::vector<at::Tensor> parts;
+      for (int r = 0; r < world; ++r) parts.push_back(rank_input(r, counts[r]));
+      auto want = at::cat(parts);
+      auto out = at::full({n}, -1.0f);
+      c.all_gather(out, rank_input(c.rank(), counts[c.rank()]), counts)->wait();
+      EXPECT_TRUE(at::equal(out, want)) << "n=" << n;
+    }
+    auto out = at::empty({3 * world}, at::kDouble);
+    c.all_gather(out, rank_input(c.rank(), 3, at::kDouble))->wait();
+    EXPECT_EQ(out[3 * c.rank()].item<double>(), (c.rank() + 1) * 3);
+  }));
+}
+
+TEST_P(CommWorld, BroadcastBarrierSendRecv) {
+  int world = GetParam();
+  expect_no_errors(run_thread_ranks(world, [&](Communicator& c) {
+    for (int root = 0; root < world; ++root) {
+      auto t = rank_input(c.rank(), 17);
+      c.broadcast(t, root)->wait();
+      EXPECT_TRUE(at::equal(t, rank_input(root, 17))) << "root " << root;
+    }
+    c.barrier()->wait();
+    if (world > 1) {
+      // Pass a token around the ring.
+      int next = (c.rank() + 1) % world, prev = (c.rank() + world - 1) % world;
+      auto out = rank_input(c.rank(), 9);
+      auto in = at::empty({9});
+      auto s = c.send(out, next);
+      auto r = c.recv(in, prev);
+      s->wait();
+      r->wait();
+      EXPECT_TRUE(at::equal(in, rank_input(prev, 9)));
+    }
+  }));
+}
+
+TEST_P(CommWorld, ManyOutstandingOpsCompleteInOrder) {
+  int world = GetParam();
+  expect_no_errors(run_thread_ranks(world, [&](Communicator& c) {
+    std::vector<at::Tensor> ts;
+    std::vector<WorkHandle> ws;
+    for (int i = 0; i < 20; ++i) {
+      ts.push_back(at::full({100 + i}, static_cast<float>(c.rank() + i)));
+      ws.push_back(c.all_reduce(ts.back()));
+    }
+    for (int i = 0; i < 20; ++i) {
+      ws[i]->wait();
+      float want = 0;
+      for (int r = 0; r < world; ++r) want += r + i;
+      EXPECT_EQ(ts[i][0].item<float>(), want);
+    }
+    EXPECT_EQ(c.sequence_number(), 20);
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, CommWorld, ::testing::Values(1, 2, 3, 4),
+                         [](const auto& info) { return "world" + std::to_string(info.param); });
+
+TEST(CommArgs, BadArgumentsAreClearErrors) {
+  expect_no_errors(run_thread_ranks(2, [&](Communicator& c) {
+    auto in = at::zeros({10});
+    auto out = at::zeros({4});
+    try {
+      c.reduce_scatter(out, in, {5, 5});
+      ADD_FAILURE() << "wrong output size accepted";
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("expected counts["), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(c.reduce_scatter(out, in, {5, 4}), CommError);     // counts sum
+    EXPECT_THROW(c.reduce_scatter(out, in, {10}), CommError);       // counts size
+    EXPECT_THROW(c.reduce_scatter(out, in), CommError);             // 10 != 2 * 4
+    EXPECT_THROW(c.all_gather(at::zeros({7}), at::zeros({4})), CommError);
+    EXPECT_THROW(c.broadcast(in, 2), CommError);
+    EXPECT_THROW(c.send(in, c.rank()), CommError);
+    EXPECT_THROW(c.all_reduce(at::zeros({4, 4}).t()), CommError);   // not contiguous
+    EXPECT_THROW(c.all_reduce(at::zeros({4}, at::kLong), ReduceOp::avg), CommError);
+    c.barrier()->wait();
+  }));
+}
+
+}  // namespace
+}  // namespace dscpp::comm

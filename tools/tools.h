@@ -1,0 +1,9 @@
+// Entry points of the dscpp subcommands, one file each under tools/. Each receives the
+// arguments after the subcommand name (argv[0] is "dscpp <sub>") and returns the exit status.
+#pragma once
+
+namespace dscpp::tools {
+int launch_main(int argc, char** argv);
+int report_main(int argc, char** argv);
+int check_main(int argc, char** argv);
+}  // namespace dscpp::tools
