@@ -1,1 +1,336 @@
-// placeholder: filled in by the foundation work
+// Implements JsonReader and ParseNotes (see NOTE [strict config reading] in json_reader.h):
+// typed reads with path-aware errors, "auto" handling, and the unknown-key check.
+#include "config/json_reader.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <limits>
+
+#include "dscpp/error.h"
+#include "util/log.h"
+#include "util/strings.h"
+
+namespace dscpp::config {
+
+void ParseNotes::warn(const std::string& message) const {
+  if (warnings) warnings->push_back(message);
+  DSCPP_LOG_WARN("config: {}", message);
+}
+
+void ParseNotes::note(const std::string& message) const {
+  if (warnings) warnings->push_back(message);
+  DSCPP_LOG_INFO("config: {}", message);
+}
+
+void ParseNotes::set_origin(const std::string& path, const std::string& origin) const {
+  if (origins) (*origins)[path] = origin;
+}
+
+std::string format_double(double v) {
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, res.ptr);
+}
+
+std::string describe_json(const nlohmann::json& v) {
+  auto cut = [](std::string s) {
+    if (s.size() > 60) s = s.substr(0, 57) + "...";
+    return s;
+  };
+  switch (v.type()) {
+    case nlohmann::json::value_t::null:
+      return "null";
+    case nlohmann::json::value_t::boolean:
+      return std::string("boolean ") + v.dump();
+    case nlohmann::json::value_t::string:
+      return "string " + cut(v.dump());
+    case nlohmann::json::value_t::number_integer:
+    case nlohmann::json::value_t::number_unsigned:
+      return "number " + v.dump();
+    case nlohmann::json::value_t::number_float:
+      return "number " + format_double(v.get<double>());
+    case nlohmann::json::value_t::array:
+      return "array " + cut(v.dump());
+    case nlohmann::json::value_t::object:
+      return "object " + cut(v.dump());
+    default:
+      return cut(v.dump());
+  }
+}
+
+namespace {
+
+const nlohmann::json& empty_object() {
+  static const nlohmann::json kEmpty = nlohmann::json::object();
+  return kEmpty;
+}
+
+bool is_auto(const nlohmann::json& v) {
+  return v.is_string() && v.get_ref<const std::string&>() == "auto";
+}
+
+// For a string that holds a number or a boolean ("2", "true"), a hint to drop the quotes.
+std::string quote_hint(const nlohmann::json& v) {
+  if (!v.is_string()) return "";
+  const std::string& s = v.get_ref<const std::string&>();
+  if (s == "true" || s == "false") return ". HINT: write " + s + " without quotes";
+  double d = 0;
+  auto res = std::from_chars(s.data(), s.data() + s.size(), d);
+  if (!s.empty() && res.ec == std::errc() && res.ptr == s.data() + s.size())
+    return ". HINT: write " + s + " without quotes";
+  return "";
+}
+
+}  // namespace
+
+JsonReader::JsonReader(const nlohmann::json& object, std::string path, ParseNotes notes)
+    : object_(&object), path_(std::move(path)), notes_(notes) {
+  if (!object.is_object()) {
+    DSCPP_FAIL(ConfigError, path_.empty() ? std::string("config root") : path_,
+               ": expected an object, got ", describe_json(object));
+  }
+}
+
+std::string JsonReader::path(std::string_view key) const {
+  return path_.empty() ? std::string(key) : path_ + "." + std::string(key);
+}
+
+void JsonReader::fail(std::string_view key, const std::string& message) const {
+  DSCPP_FAIL(ConfigError, path(key), ": ", message);
+}
+
+void JsonReader::type_error(std::string_view key, std::string_view expected,
+                            const nlohmann::json& got) const {
+  std::string hint = quote_hint(got);
+  if (is_auto(got)) hint = ". HINT: \"auto\" is accepted only on keys that have a default";
+  fail(key, "expected " + std::string(expected) + ", got " + describe_json(got) + hint);
+}
+
+const nlohmann::json* JsonReader::lookup(std::string_view key) {
+  known_.emplace_back(key);
+  auto it = object_->find(std::string(key));
+  return it == object_->end() ? nullptr : &*it;
+}
+
+bool JsonReader::has(std::string_view key) const { return object_->contains(std::string(key)); }
+
+const nlohmann::json* JsonReader::raw(std::string_view key) { return lookup(key); }
+
+bool JsonReader::take_auto(std::string_view key, const nlohmann::json& v,
+                           const std::string& default_text) {
+  if (!is_auto(v)) return false;
+  const std::string p = path(key);
+  notes_.note(p + " is \"auto\": using the default " + default_text);
+  notes_.set_origin(p, "auto -> default");
+  return true;
+}
+
+int64_t JsonReader::to_int64(std::string_view key, const nlohmann::json& v) const {
+  if (v.is_number_integer()) {
+    if (v.is_number_unsigned() &&
+        v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      fail(key, "value " + v.dump() + " is too large");
+    return v.get<int64_t>();
+  }
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    // 2^63 is exactly representable; anything at or beyond it does not fit.
+    if (std::isfinite(d) && std::floor(d) == d && d >= -9.2233720368547758e18 &&
+        d < 9.2233720368547758e18)
+      return static_cast<int64_t>(d);
+  }
+  type_error(key, "an integer", v);
+}
+
+double JsonReader::to_double(std::string_view key, const nlohmann::json& v) const {
+  if (!v.is_number()) type_error(key, "a number", v);
+  return v.get<double>();
+}
+
+bool JsonReader::get(std::string_view key, bool* out) {
+  const nlohmann::json* v = lookup(key);
+  if (!v || take_auto(key, *v, *out ? "true" : "false")) return false;
+  if (!v->is_boolean()) type_error(key, "true or false", *v);
+  *out = v->get<bool>();
+  return true;
+}
+
+bool JsonReader::get(std::string_view key, int* out) {
+  const nlohmann::json* v = lookup(key);
+  if (!v || take_auto(key, *v, std::to_string(*out))) return false;
+  const int64_t x = to_int64(key, *v);
+  if (x < std::numeric_limits<int>::min() || x > std::numeric_limits<int>::max())
+    fail(key, "value " + std::to_string(x) + " does not fit in a 32-bit integer");
+  *out = static_cast<int>(x);
+  return true;
+}
+
+bool JsonReader::get(std::string_view key, int64_t* out) {
+  const nlohmann::json* v = lookup(key);
+  if (!v || take_auto(key, *v, std::to_string(*out))) return false;
+  *out = to_int64(key, *v);
+  return true;
+}
+
+bool JsonReader::get(std::string_view key, double* out) {
+  const nlohmann::json* v = lookup(key);
+  if (!v || take_auto(key, *v, format_double(*out))) return false;
+  *out = to_double(key, *v);
+  return true;
+}
+
+bool JsonReader::get(std::string_view key, std::string* out) {
+  const nlohmann::json* v = lookup(key);
+  if (!v || take_auto(key, *v, "\"" + *out + "\"")) return false;
+  if (!v->is_string()) type_error(key, "a string", *v);
+  *out = v->get<std::string>();
+  return true;
+}
+
+bool JsonReader::get(std::string_view key, std::array<double, 2>* out) {
+  const nlohmann::json* v = lookup(key);
+  if (!v ||
+      take_auto(key, *v, "[" + format_double((*out)[0]) + ", " + format_double((*out)[1]) + "]"))
+    return false;
+  if (!v->is_array() || v->size() != 2 || !(*v)[0].is_number() || !(*v)[1].is_number())
+    type_error(key, "an array of two numbers", *v);
+  *out = {(*v)[0].get<double>(), (*v)[1].get<double>()};
+  return true;
+}
+
+bool JsonReader::get(std::string_view key, std::vector<std::string>* out) {
+  const nlohmann::json* v = lookup(key);
+  if (!v || take_auto(key, *v, "[]")) return false;
+  if (!v->is_array()) type_error(key, "an array of strings", *v);
+  std::vector<std::string> items;
+  for (const auto& item : *v) {
+    if (!item.is_string()) type_error(key, "an array of strings", *v);
+    items.push_back(item.get<std::string>());
+  }
+  *out = std::move(items);
+  return true;
+}
+
+bool JsonReader::get(std::string_view key, std::optional<int64_t>* out) {
+  const nlohmann::json* v = lookup(key);
+  if (!v) return false;
+  if (v->is_null() || take_auto(key, *v, "(unset)")) {
+    out->reset();
+    return v->is_null();
+  }
+  *out = to_int64(key, *v);
+  return true;
+}
+
+bool JsonReader::get(std::string_view key, std::optional<double>* out) {
+  const nlohmann::json* v = lookup(key);
+  if (!v) return false;
+  if (v->is_null() || take_auto(key, *v, "(unset)")) {
+    out->reset();
+    return v->is_null();
+  }
+  *out = to_double(key, *v);
+  return true;
+}
+
+bool JsonReader::get(std::string_view key, std::optional<std::string>* out) {
+  const nlohmann::json* v = lookup(key);
+  if (!v) return false;
+  if (v->is_null() || take_auto(key, *v, "(unset)")) {
+    out->reset();
+    return v->is_null();
+  }
+  if (!v->is_string()) type_error(key, "a string or null", *v);
+  *out = v->get<std::string>();
+  return true;
+}
+
+void JsonReader::get_batch(std::string_view key, std::optional<int>* out) {
+  const nlohmann::json* v = lookup(key);
+  out->reset();
+  if (!v) return;
+  const std::string p = path(key);
+  if (is_auto(*v)) {
+    notes_.note(p + " is \"auto\": treated as not given; the batch triangle derives it");
+    notes_.set_origin(p, "auto -> derived");
+    return;
+  }
+  const int64_t x = to_int64(key, *v);
+  if (x <= 0 || x > std::numeric_limits<int>::max())
+    fail(key, "must be an integer > 0, got " + std::to_string(x));
+  *out = static_cast<int>(x);
+}
+
+void JsonReader::require(std::string_view key, std::string* out, std::string_view why) {
+  const nlohmann::json* v = lookup(key);
+  if (!v) fail(key, "is required: " + std::string(why));
+  if (is_auto(*v))
+    fail(key, "\"auto\" is not allowed: the key has no default (" + std::string(why) +
+                  "). HINT: write the value itself");
+  if (!v->is_string()) type_error(key, "a string", *v);
+  *out = v->get<std::string>();
+}
+
+void JsonReader::require(std::string_view key, double* out, std::string_view why) {
+  const nlohmann::json* v = lookup(key);
+  if (!v) fail(key, "is required: " + std::string(why));
+  if (is_auto(*v))
+    fail(key, "\"auto\" is not allowed: the key has no default (" + std::string(why) +
+                  "). HINT: write the value itself");
+  *out = to_double(key, *v);
+}
+
+void JsonReader::require(std::string_view key, int64_t* out, std::string_view why) {
+  const nlohmann::json* v = lookup(key);
+  if (!v) fail(key, "is required: " + std::string(why));
+  if (is_auto(*v))
+    fail(key, "\"auto\" is not allowed: the key has no default (" + std::string(why) +
+                  "). HINT: write the value itself");
+  *out = to_int64(key, *v);
+}
+
+JsonReader JsonReader::child(std::string_view key) {
+  const nlohmann::json* v = lookup(key);
+  if (!v) return JsonReader(empty_object(), path(key), notes_);
+  if (is_auto(*v)) {
+    take_auto(key, *v, "(all defaults)");
+    return JsonReader(empty_object(), path(key), notes_);
+  }
+  if (!v->is_object()) type_error(key, "an object", *v);
+  return JsonReader(*v, path(key), notes_);
+}
+
+void JsonReader::unimplemented(std::string_view key) {
+  if (lookup(key))
+    notes_.warn("DeepSpeed key '" + path(key) + "' is not implemented by dscpp yet and is ignored");
+}
+
+void JsonReader::finish() const {
+  std::vector<std::string> errors;
+  for (auto it = object_->begin(); it != object_->end(); ++it) {
+    const std::string& key = it.key();
+    bool known = false;
+    for (const std::string& k : known_) {
+      if (k == key) {
+        known = true;
+        break;
+      }
+    }
+    if (known) continue;
+    std::string msg = "unknown key '" + key + "' at " + (path_.empty() ? "config root" : path_);
+    const std::string suggestion = nearest_match(key, known_);
+    if (!suggestion.empty()) {
+      msg += "; did you mean '" + suggestion + "'?";
+    } else {
+      std::vector<std::string> sorted = known_;
+      std::sort(sorted.begin(), sorted.end());
+      sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+      msg += ". HINT: the keys known here are: " + join(sorted, ", ");
+    }
+    errors.push_back(msg);
+  }
+  if (!errors.empty()) DSCPP_FAIL(ConfigError, join(errors, "\n"));
+}
+
+}  // namespace dscpp::config

@@ -1,0 +1,137 @@
+// JsonReader: strict, path-aware reading of one JSON object of a DeepSpeed config, and the
+// ParseNotes where a parse leaves its warnings and the origin of values it did not read verbatim.
+//
+// NOTE [strict config reading]: every key a section parser asks about (get, require, child,
+// unimplemented, deprecated, raw) is recorded as known; finish() reports every key of the object
+// nobody asked about as a ConfigError naming its path and the nearest known key. So the set of
+// known keys IS the set of reads; there is no second list to keep in sync. Other rules, in one
+// place:
+//   - "auto" (the HF Trainer convention) on a key with a default keeps the default and notes it
+//     (info log, Config::warnings, Config::origins); on a key without one (require) it is an
+//     error; on the batch keys it means "not given" (get_batch).
+//   - A wrong JSON type is an error naming the path, the expected type and the value found.
+//     Integers may be written as integral floats (5e8), as DeepSpeed reads them as int.
+//   - null is accepted only where the field is optional (std::optional), meaning "unset".
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dscpp::config {
+
+// Where one parse records what it says besides values. Both pointers outlive the readers.
+struct ParseNotes {
+  std::vector<std::string>* warnings = nullptr;
+  std::map<std::string, std::string>* origins = nullptr;  // JSON path -> how it was chosen
+
+  // Appends to warnings and logs at warning level.
+  void warn(const std::string& message) const;
+  // Appends to warnings and logs at info level (for expected, benign resolutions like "auto").
+  void note(const std::string& message) const;
+  void set_origin(const std::string& path, const std::string& origin) const;
+};
+
+// A short rendering of a JSON value for messages: `string "2"`, `number 1.5`, `boolean true`,
+// `null`, `array [1,2]`, `object {...}` (long values are cut).
+std::string describe_json(const nlohmann::json& v);
+
+// Shortest round-trip text of a double ("0.001", "1e-08", "500000000").
+std::string format_double(double v);
+
+class JsonReader {
+ public:
+  // Reads `object`, found at JSON path `path` ("" for the config root). `object` must outlive
+  // the reader. A non-object is a ConfigError ("<path>: expected an object, got ...").
+  JsonReader(const nlohmann::json& object, std::string path, ParseNotes notes);
+
+  // Optional keys with a default. When the key is absent or "auto", *out keeps its value (the
+  // default) and false is returned; "auto" is noted. When present, the value is type-checked
+  // and stored, and true is returned. A wrong type throws ConfigError.
+  bool get(std::string_view key, bool* out);
+  bool get(std::string_view key, int* out);
+  bool get(std::string_view key, int64_t* out);
+  bool get(std::string_view key, double* out);
+  bool get(std::string_view key, std::string* out);
+  bool get(std::string_view key, std::array<double, 2>* out);
+  bool get(std::string_view key, std::vector<std::string>* out);
+  // Optional fields: null means unset; "auto" means the default, unset.
+  bool get(std::string_view key, std::optional<int64_t>* out);
+  bool get(std::string_view key, std::optional<double>* out);
+  bool get(std::string_view key, std::optional<std::string>* out);
+
+  // A key that may also be spelled `alias` (DeepSpeed's pydantic field names, such as
+  // "prefetch_bucket_size" for "stage3_prefetch_bucket_size"). Both present is an error.
+  template <typename T>
+  bool get_aliased(std::string_view key, std::string_view alias, T* out) {
+    if (has(key) && has(alias))
+      fail(key, "'" + std::string(key) + "' and its alias '" + std::string(alias) +
+                    "' are both given. HINT: keep one of them");
+    if (has(alias)) {
+      known_.emplace_back(key);
+      return get(alias, out);
+    }
+    known_.emplace_back(alias);
+    return get(key, out);
+  }
+
+  // One of the batch keys: absent and "auto" both mean "not given" (the batch triangle
+  // derives it). A given value must be an integer > 0.
+  void get_batch(std::string_view key, std::optional<int>* out);
+
+  // A key without a default: absent or "auto" is a ConfigError that says `why` it is needed.
+  void require(std::string_view key, std::string* out, std::string_view why);
+  void require(std::string_view key, double* out, std::string_view why);
+  void require(std::string_view key, int64_t* out, std::string_view why);
+
+  // The sub-object `key`: a reader over it, or over an empty object when absent (or "auto").
+  // Not an object: ConfigError.
+  JsonReader child(std::string_view key);
+
+  // A real DeepSpeed key that dscpp does not implement yet: when present, a warning
+  // "DeepSpeed key '<path>' is not implemented by dscpp yet and is ignored".
+  void unimplemented(std::string_view key);
+
+  // The raw value of `key` (nullptr when absent), marking it known; for keys the caller
+  // interprets itself (deprecated spellings, polymorphic values).
+  const nlohmann::json* raw(std::string_view key);
+
+  // Whether `key` is present. Does not mark it known.
+  bool has(std::string_view key) const;
+
+  // The JSON path of `key` in this object: "zero_optimization.stage".
+  std::string path(std::string_view key) const;
+  // This object's own path ("" for the root).
+  const std::string& path() const { return path_; }
+  const ParseNotes& notes() const { return notes_; }
+
+  // Throws ConfigError("<path of key>: <message>").
+  [[noreturn]] void fail(std::string_view key, const std::string& message) const;
+
+  // Throws ConfigError for every key of the object that no read above asked about, each with
+  // the nearest known key, e.g. "unknown key 'pin_memroy' at zero_optimization.offload_optimizer;
+  // did you mean 'pin_memory'?".
+  void finish() const;
+
+ private:
+  // Marks `key` known; returns its value or nullptr when absent.
+  const nlohmann::json* lookup(std::string_view key);
+  // True (after noting it) when v is the string "auto".
+  bool take_auto(std::string_view key, const nlohmann::json& v, const std::string& default_text);
+  [[noreturn]] void type_error(std::string_view key, std::string_view expected,
+                               const nlohmann::json& got) const;
+  int64_t to_int64(std::string_view key, const nlohmann::json& v) const;
+  double to_double(std::string_view key, const nlohmann::json& v) const;
+
+  const nlohmann::json* object_;
+  std::string path_;
+  ParseNotes notes_;
+  std::vector<std::string> known_;
+};
+
+}  // namespace dscpp::config
