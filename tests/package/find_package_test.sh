@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Builds examples/allreduce as a separate CMake project with find_package(dscpp), against the
+# build tree ($1 = build dir) or an install of it ($2 = "install"), then runs it on 2 ranks.
+set -euo pipefail
+src=$(cd "$(dirname "$0")/../.." && pwd)
+build=$1
+mode=${2:-build-tree}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+if [ "$mode" = install ]; then
+  cmake --install "$build" --prefix "$work/prefix" >/dev/null
+  cmake -S "$src/examples/allreduce" -B "$work/ex" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+  dscpp="$work/prefix/bin/dscpp"
+else
+  cmake -S "$src/examples/allreduce" -B "$work/ex" -G Ninja -Ddscpp_DIR="$build" >/dev/null
+  dscpp="$build/dscpp"
+fi
+cmake --build "$work/ex" >/dev/null
+port=$(( 20000 + RANDOM % 20000 ))
+out=$("$dscpp" launch --num_procs 2 --master_port $port "$work/ex/allreduce_example" 2>&1)
+echo "$out"
+grep -q "rank 0 of 2: mean of ranks = 0.5" <<<"$out"
+grep -q "rank 1 of 2: mean of ranks = 0.5" <<<"$out"
+echo "find_package($mode): ok"
