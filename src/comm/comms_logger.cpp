@@ -30,7 +30,7 @@ bool CommsLogger::wanted(OpKind kind) const {
 
 namespace {
 std::string human_bytes(double b) {
-  const char* units[] = {"B", "KB", "MB", "GB", "TB"};
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
   while (b >= 1024 && u < 4) b /= 1024, ++u;
   return fmt::format("{:.{}f} {}", b, u == 0 ? 0 : 2, units[u]);

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "comm/comms_logger.h"
 #include "dscpp/comm.h"
 #include "dscpp/error.h"
 #include "support/thread_ranks.h"
@@ -21,9 +22,10 @@ at::Tensor rank_input(int r, int64_t n, at::ScalarType dtype = at::kFloat) {
 }
 
 at::Tensor expected_reduce(int world, int64_t n, ReduceOp op, at::ScalarType dtype = at::kFloat) {
-  at::Tensor acc = rank_input(0, n, at::kDouble);
+  // Each rank's input in the tested dtype, then reduced exactly in double.
+  at::Tensor acc = rank_input(0, n, dtype).to(at::kDouble);
   for (int r = 1; r < world; ++r) {
-    auto x = rank_input(r, n, at::kDouble);
+    auto x = rank_input(r, n, dtype).to(at::kDouble);
     if (op == ReduceOp::max) acc = at::maximum(acc, x);
     else if (op == ReduceOp::min) acc = at::minimum(acc, x);
     else acc = acc + x;
@@ -165,6 +167,42 @@ TEST(CommArgs, BadArgumentsAreClearErrors) {
     EXPECT_THROW(c.all_reduce(at::zeros({4}, at::kLong), ReduceOp::avg), CommError);
     c.barrier()->wait();
   }));
+}
+
+}  // namespace
+}  // namespace dscpp::comm
+
+namespace dscpp::comm {
+namespace {
+
+TEST(CommsLogger, SummarisesCountsSizesAndBusBandwidth) {
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor(OpKind::all_reduce, 4), 1.5);
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor(OpKind::reduce_scatter, 4), 0.75);
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor(OpKind::all_gather, 2), 0.5);
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor(OpKind::broadcast, 4), 1.0);
+  CommsLoggerConfig cfg;
+  cfg.enabled = true;
+  CommsLogger log(cfg, 4);
+  OpDesc ar{OpKind::all_reduce, at::kFloat, 1 << 20, -1};  // 4 MiB
+  for (int i = 0; i < 3; ++i) log.record(ar, ar.bytes(), std::chrono::milliseconds(4));
+  log.record(OpDesc{OpKind::barrier, at::kFloat, 0, -1}, 0, std::chrono::milliseconds(1));
+  std::string s = log.summary();
+  EXPECT_NE(s.find("all_reduce"), std::string::npos) << s;
+  EXPECT_NE(s.find("4.00 MiB"), std::string::npos) << s;
+  EXPECT_NE(s.find("      3 "), std::string::npos) << s;   // count column
+  EXPECT_NE(s.find("1000.00 MiB/s"), std::string::npos) << s;  // algbw = 4 MiB / 4 ms
+  EXPECT_NE(s.find("1.46 GiB/s"), std::string::npos) << s;  // busbw = 1500 MiB/s = algbw * 2(n-1)/n
+  EXPECT_NE(s.find("barrier"), std::string::npos) << s;
+
+  cfg.prof_all = false;
+  cfg.prof_ops = {"reduce_scatter"};
+  CommsLogger only_rs(cfg, 4);
+  only_rs.record(ar, ar.bytes(), std::chrono::milliseconds(4));
+  EXPECT_EQ(only_rs.summary(), "");
+  cfg.enabled = false;
+  CommsLogger off(cfg, 4);
+  off.record(ar, ar.bytes(), std::chrono::milliseconds(4));
+  EXPECT_EQ(off.summary(), "");
 }
 
 }  // namespace
