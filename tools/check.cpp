@@ -331,6 +331,8 @@ int check_main(int argc, char** argv) {
                         config_path, cfg.batch.train_batch_size,
                         cfg.batch.train_micro_batch_size_per_gpu,
                         cfg.batch.gradient_accumulation_steps, world));
+      for (const auto& w : cfg.warnings) std::cout << "       warning: " << w << std::endl;
+      DSCPP_LOG_INFO("resolved config (values in force):\n{}", cfg.describe());
     } catch (const Error& e) {
       cl.fail(fmt::format("config {}: {}", config_path, e.what()));
     }

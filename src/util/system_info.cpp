@@ -5,8 +5,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/Version.h>
-#include <ATen/detail/CUDAHooksInterface.h>
 #include <fmt/format.h>
+#include <torch/cuda.h>
 #include <torch/version.h>
 #include <unistd.h>
 
@@ -119,8 +119,8 @@ std::vector<SystemItem> collect_system_info(bool measure_blas) {
 #endif
                    ""});
   items.push_back({"mpi", "used only as a launcher (dscpp launch --launcher openmpi)", ""});
-  int gpus = at::detail::getCUDAHooks().getNumGPUs();
-  items.push_back({"CUDA devices", at::hasCUDA() ? std::to_string(gpus) : "0 (no CUDA in this libtorch or no driver)", ""});
+  size_t gpus = torch::cuda::device_count();
+  items.push_back({"CUDA devices", gpus ? std::to_string(gpus) : "0 (no CUDA in this libtorch, or no driver)", ""});
   items.push_back({"cpu cores online", std::to_string(sysconf(_SC_NPROCESSORS_ONLN)), ""});
   items.push_back({"SIMD (libtorch kernels)", cpu_capability(), ""});
   items.push_back({"SIMD (cpu flags)", cpu_flags(), ""});
