@@ -6,8 +6,9 @@
 // launcher), printing latency and bus bandwidth per operation and size. Every failure is a
 // specific message; the exit status is 0 only when every check passed.
 //
-// Hidden modes: `--worker` (what each rank runs) and `--probe_connect ADDR:PORT` (run on a
-// remote host: can it open a TCP connection to the master?).
+// Hidden modes: `--worker` (what each rank runs), `--probe_connect ADDR:PORT` (run on a remote
+// host: can it open a TCP connection to the master?) and `--probe_listen PORT` (run on the
+// master host when that is not this machine).
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -183,17 +184,56 @@ void check_hosts(Checklist& cl, const launch::LaunchOptions& opts,
   }
 }
 
+// Accepts `accepts` connections on port (all interfaces) or gives up after `seconds`; prints
+// "listening" once ready. Run on the master host by check_master() when that is not this one.
+int probe_listen(int port, int accepts, int seconds) {
+  std::string why;
+  int fd = listen_as_master("0.0.0.0", port, why);
+  if (fd < 0) {
+    std::cout << why << std::endl;
+    return 1;
+  }
+  std::cout << "listening" << std::endl;
+  auto deadline = Clock::now() + std::chrono::seconds(seconds);
+  for (int n = 0; n < accepts && Clock::now() < deadline;) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 200) == 1) {
+      int c = accept(fd, nullptr, nullptr);
+      if (c >= 0) close(c), ++n;
+    }
+  }
+  close(fd);
+  return 0;
+}
+
 void check_master(Checklist& cl, const launch::LaunchOptions& opts,
                   const std::vector<launch::HostSlots>& hosts, const std::string& launcher,
                   const std::string& master) {
+  const std::string tmpl = opts.remote_cmd.empty() ? launch::kDefaultRemoteCmd : opts.remote_cmd;
+  const std::string dscpp = opts.remote_dscpp.empty() ? self_exe() : opts.remote_dscpp;
+  const std::string port = std::to_string(opts.master_port);
   std::string why;
   int fd = listen_as_master(master, opts.master_port, why);
-  if (fd < 0) {
+  FILE* remote_listener = nullptr;
+  if (fd < 0 && launcher == "ssh" && !launch::is_local_host(hosts.at(0).host)) {
+    // Rank 0 will run on the first host: listen there, through the remote command.
+    std::string cmd = launch::expand_remote_cmd(
+        tmpl, hosts[0].host,
+        {dscpp, "check", "--probe_listen", port, "--probe_accepts", std::to_string(hosts.size())});
+    remote_listener = popen(cmd.c_str(), "r");
+    char line[512] = {0};
+    if (!remote_listener || !fgets(line, sizeof(line), remote_listener) ||
+        std::string(line).rfind("listening", 0) != 0) {
+      cl.fail(fmt::format("port {} cannot be opened on the master host {}: {}. HINT: another job "
+                          "may be using it; pick a free one with --master_port",
+                          opts.master_port, hosts[0].host, line));
+      if (remote_listener) pclose(remote_listener);
+      return;
+    }
+  } else if (fd < 0) {
     cl.fail(why);
     return;
   }
-  std::string tmpl = opts.remote_cmd.empty() ? launch::kDefaultRemoteCmd : opts.remote_cmd;
-  std::string dscpp = opts.remote_dscpp.empty() ? self_exe() : opts.remote_dscpp;
   bool all = true;
   for (const auto& h : hosts) {
     std::string err;
@@ -202,8 +242,8 @@ void check_master(Checklist& cl, const launch::LaunchOptions& opts,
     } else {
       std::string out;
       int st = run_with_timeout(
-          launch::expand_remote_cmd(tmpl, h.host, {dscpp, "check", "--probe_connect",
-                                                   master + ":" + std::to_string(opts.master_port)}),
+          launch::expand_remote_cmd(tmpl, h.host,
+                                    {dscpp, "check", "--probe_connect", master + ":" + port}),
           20, out);
       if (st != 0) err = out.empty() ? fmt::format("probe exited with status {}", st) : out;
     }
@@ -215,8 +255,12 @@ void check_master(Checklist& cl, const launch::LaunchOptions& opts,
                           h.host, master, opts.master_port, err));
     }
   }
-  close(fd);
-  if (all) cl.ok(fmt::format("master {}:{} opens here and every host reaches it", master, opts.master_port));
+  if (fd >= 0) close(fd);
+  if (remote_listener) pclose(remote_listener);
+  if (all) {
+    cl.ok(fmt::format("master {}:{} opens on {} and every host reaches it", master,
+                      opts.master_port, remote_listener ? hosts[0].host : "this machine"));
+  }
 }
 
 int worker_main(const std::vector<int64_t>& sizes_kib, int iters) {
@@ -292,6 +336,9 @@ int check_main(int argc, char** argv) {
   app.add_option("--log_level", level, "debug|info|warning|error");
   app.add_flag("--worker", worker)->group("");
   app.add_option("--probe_connect", probe)->group("");
+  int probe_port = 0, probe_accepts = 1;
+  app.add_option("--probe_listen", probe_port)->group("");
+  app.add_option("--probe_accepts", probe_accepts)->group("");
   CLI11_PARSE(app, argc, argv);
   if (!level.empty()) set_log_level(parse_log_level(level));
   opts.log_level = level;
@@ -302,6 +349,7 @@ int check_main(int argc, char** argv) {
     if (!err.empty()) std::cout << err << std::endl;
     return err.empty() ? 0 : 1;
   }
+  if (probe_port > 0) return probe_listen(probe_port, probe_accepts, 30);
   if (worker) return worker_main(sizes_kib, iters);
 
   Checklist cl;

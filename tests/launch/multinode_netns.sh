@@ -9,7 +9,9 @@
 #  2. a rank on the second node exiting 5 stops the whole job within 10 s, the report names
 #     that rank, its status and its last line, and no rank process is left running;
 #  3. the main launcher killed with SIGKILL: the node agents (started through `setsid -w`, so
-#     only their stdin lifeline tells them, as over ssh) stop their ranks within 10 s.
+#     only their stdin lifeline tells them, as over ssh) stop their ranks within 10 s;
+#  4. `dscpp check` across both: hosts answer, the master port opens on the first host and is
+#     reached from both, and the communicator's collectives run over Gloo across the veth pair.
 # Usage: multinode_netns.sh PATH_TO_DSCPP   (as root; needs iproute2, perl, setsid).
 # Exit status 0: passed; anything else: failed (including when namespaces cannot be made).
 # The namespaces are always deleted (trap).
@@ -160,4 +162,19 @@ kill -9 "$MAIN"
 wait "$MAIN" 2>/dev/null
 all_gone "$WORK/pids3" 10 || fail "3: ranks outlived the main launcher by more than 10 s"
 echo "ok 3: main launcher killed; agents stopped their ranks"
+
+# --- 4. dscpp check across the two hosts: hosts answer, the master port opens on the first
+# host and is reached from both, and the real communicator (Gloo over the veth pair) runs
+# all_reduce / reduce_scatter / all_gather / barrier across the 4 ranks.
+kill "$LISTENER" 2>/dev/null; wait "$LISTENER" 2>/dev/null; LISTENER=""
+timeout 90 "$DSCPP" check --hostfile "$HOSTFILE" --remote_cmd 'ip netns exec {host} {command}' \
+  --master_addr "$MASTER" --master_port $((PORT + 1)) --sizes_kib 64 --iters 3 \
+  >"$WORK/4.out" 2>"$WORK/4.err"
+rc=$?
+[ "$rc" = 0 ] || fail "4: dscpp check exited with status $rc"
+grep -qF "[ ok ] host $N2: answers the remote command, 2 rank(s)" "$WORK/4.out" || fail "4: host $N2 not checked"
+grep -qF "[ ok ] master $MASTER:$((PORT + 1)) opens on $N1 and every host reaches it" "$WORK/4.out" || fail "4: master not checked"
+grep -qF "collectives across 4 ranks (gloo backend)" "$WORK/4.out" || fail "4: no collective table"
+grep -qF "[ ok ] collectives across 4 rank(s) completed with correct results" "$WORK/4.out" || fail "4: collectives failed"
+echo "ok 4: dscpp check across 2 namespaces: hosts, master port, collectives over Gloo"
 exit 0
