@@ -11,6 +11,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev liburing-dev
   libgtest-dev libbenchmark-dev
   openmpi-bin iproute2 procps       # mpirun launcher; ip netns for the two-host test; ps/pgrep
+  python3-torch python3-numpy       # tests/golden/gpt_reference.py, the PyTorch golden reference
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -18,6 +18,7 @@ struct Subcommand {
 };
 
 const Subcommand kSubcommands[] = {
+    {"train", dscpp::tools::train_main, "train the built-in GPT with a DeepSpeed config"},
     {"launch", dscpp::tools::launch_main, "start a job: one process per rank, on one or many nodes"},
     {"check", dscpp::tools::check_main, "pre-flight: hosts, master port, config, collectives"},
     {"report", dscpp::tools::report_main, "versions, backends, BLAS speed, SIMD, threads, memory"},

@@ -6,4 +6,5 @@ namespace dscpp::tools {
 int launch_main(int argc, char** argv);
 int report_main(int argc, char** argv);
 int check_main(int argc, char** argv);
+int train_main(int argc, char** argv);
 }  // namespace dscpp::tools

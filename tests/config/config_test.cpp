@@ -1,6 +1,7 @@
 // Tests of the DeepSpeed config layer: DeepSpeed's own batch-triangle cases, strictness
 // (unknown keys with suggestions, types, ranges, "auto", unimplemented keys), every section's
 // defaults, parsing from files and strings, and describe().
+#include "support/errors.h"
 #include "dscpp/config.h"
 
 #include <gtest/gtest.h>
@@ -20,20 +21,10 @@ namespace {
 
 using nlohmann::json;
 
-// The message of the ErrorType that fn throws; a test failure if it throws nothing or another
-// type.
+// The message of the ErrorType (default ConfigError) that fn throws; see support/errors.h.
 template <typename ErrorType = ConfigError>
 std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const ErrorType& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw the wrong type: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "did not throw";
-  return "";
+  return dscpp::testing::error_of<ErrorType>(fn);
 }
 
 std::string parse_error(const std::string& text) {

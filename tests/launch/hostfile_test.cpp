@@ -1,5 +1,6 @@
 // Hostfile parsing and DeepSpeed-style host selection (include/exclude, num_nodes,
 // num_procs): good inputs, and every bad input is a LaunchError naming what and where.
+#include "support/errors.h"
 #include "launch/hostfile.h"
 
 #include <gtest/gtest.h>
@@ -19,16 +20,7 @@ std::vector<HostfileEntry> parse(const std::string& text) {
   return parse_hostfile(in, "hosts.txt");
 }
 
-// The message of the LaunchError `fn` throws ("" when it throws nothing).
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const LaunchError& e) {
-    return e.what();
-  }
-  return "";
-}
+using dscpp::testing::error_of;
 
 std::vector<HostfileEntry> three_hosts() { return parse("a slots=4\nb slots=2\nc slots=3\n"); }
 

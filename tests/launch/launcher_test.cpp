@@ -5,6 +5,7 @@
 // core binding, mpirun, and (as root) a two-node job over network namespaces
 // (multinode_netns.sh). The binary is DSCPP_CLI_PATH unless the environment variable
 // DSCPP_TEST_CLI names another one.
+#include "support/errors.h"
 #include "launch/launcher.h"
 
 #include <fcntl.h>
@@ -38,15 +39,7 @@ std::string cli_path() {
   return p && *p ? p : DSCPP_CLI_PATH;
 }
 
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const LaunchError& e) {
-    return e.what();
-  }
-  return "";
-}
+using dscpp::testing::error_of;
 
 bool contains(const std::string& hay, const std::string& needle) {
   return hay.find(needle) != std::string::npos;

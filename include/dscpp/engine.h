@@ -1,0 +1,150 @@
+// The training engine: what a C++ program gets from dscpp::initialize(). It owns the data-parallel
+// gradient path (gradients averaged over ranks in buckets while backward runs, at
+// gradient-accumulation boundaries only), the optimizer and LR schedule built from the DeepSpeed
+// config, gradient clipping, and step logging.
+//
+//   auto model = std::make_shared<MyNet>();
+//   auto engine = dscpp::initialize(model, "ds_config.json");
+//   for (auto& batch : loader) {
+//     auto loss = model->forward(batch);   // the mean loss of this micro-batch
+//     engine->backward(loss);
+//     engine->step();                      // applies the update only at the GAS boundary
+//   }
+//
+// Threading: call the engine from one thread (the training loop). Collectives run on the
+// communicator's own thread, overlapped with backward.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/schedulers/lr_scheduler.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dscpp/comm.h"
+#include "dscpp/config.h"
+
+namespace dscpp {
+
+namespace optim {
+class Optimizer;
+}
+class LRSchedule;
+namespace engine {
+class GradReducer;
+}
+
+struct InitOptions {
+  // The communicator; null: dscpp::comm::init_from_env() with the config's comms_logger.
+  std::shared_ptr<comm::Communicator> comm;
+  // A client optimizer instead of the config's `optimizer` section (DeepSpeed's "client
+  // optimizer"). With ZeRO it needs zero_allow_untested_optimizer. Its parameters must be the
+  // model's parameters.
+  std::shared_ptr<torch::optim::Optimizer> optimizer;
+  // A client LR scheduler instead of the config's `scheduler` section; stepped after each
+  // applied optimizer step.
+  std::shared_ptr<torch::optim::LRScheduler> lr_scheduler;
+};
+
+// What happened at the last applied optimizer step (the GAS boundary).
+struct StepStats {
+  int64_t step = 0;        // global_steps() after the step
+  double loss = 0;         // mean of the micro-batch losses over the global batch
+  double lr = 0;           // the learning rate the step used
+  double grad_norm = 0;    // global L2 norm of the averaged gradient, before clipping
+  double samples_per_s = 0;
+  double seconds = 0;      // wall time of this optimizer step's window (all its micro-steps)
+};
+
+class Engine {
+ public:
+  Engine(std::shared_ptr<torch::nn::Module> model, Config config, InitOptions options = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Backpropagates `loss` (the mean loss of this rank's micro-batch) scaled by 1/GAS. At a GAS
+  // boundary the gradients are averaged over ranks, bucket by bucket, as backward produces
+  // them, and this call returns once they all are. Throws on a non-finite loss only at the
+  // boundary (see step()).
+  void backward(const at::Tensor& loss);
+
+  // Counts a micro-step; at a GAS boundary also: checks that no rank saw a non-finite loss or
+  // gradient (else throws Error on every rank), clips by the global norm, runs the optimizer,
+  // zeroes the gradients, ticks the LR schedule and logs every steps_per_print steps.
+  void step();
+
+  // At the end of an epoch whose micro-batches do not fill the last accumulation window:
+  // averages what was accumulated (over the micro-steps actually taken) and applies one
+  // optimizer step. A no-op at a boundary. Every rank must call it at the same point.
+  void flush_accumulation();
+
+  // RAII scope in which backward() does not average gradients over ranks, even at a boundary
+  // (DDP's no_sync). Calling step() at a boundary inside it is an error, as in DeepSpeed.
+  class NoSync {
+   public:
+    explicit NoSync(Engine& e);
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    Engine& engine_;
+  };
+  NoSync no_sync() { return NoSync(*this); }
+
+  // True when the next backward()/step() completes an accumulation window.
+  bool is_gradient_accumulation_boundary() const;
+  int64_t global_steps() const { return global_steps_; }
+  int64_t micro_steps() const { return micro_steps_; }
+  int64_t global_samples() const { return global_steps_ * config_.batch.train_batch_size; }
+  double get_lr() const;
+  int train_batch_size() const { return config_.batch.train_batch_size; }
+  int train_micro_batch_size_per_gpu() const { return config_.batch.train_micro_batch_size_per_gpu; }
+  int gradient_accumulation_steps() const { return config_.batch.gradient_accumulation_steps; }
+  const StepStats& last_step() const { return last_step_; }
+  const Config& config() const { return config_; }
+  comm::Communicator& communicator() { return *comm_; }
+  int rank() const { return comm_->rank(); }
+  int world_size() const { return comm_->world_size(); }
+  torch::nn::Module& module() { return *model_; }
+
+  // Tokens per sample, so the step log can show tokens/s (0: not shown).
+  void set_tokens_per_sample(int64_t tokens) { tokens_per_sample_ = tokens; }
+
+ private:
+  void apply_step(double grad_scale_for_partial);
+  void log_step() const;
+
+  std::shared_ptr<torch::nn::Module> model_;
+  Config config_;
+  std::shared_ptr<comm::Communicator> comm_;
+  std::unique_ptr<engine::GradReducer> reducer_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<LRSchedule> lr_schedule_;
+  std::shared_ptr<torch::optim::Optimizer> client_optimizer_;
+  std::shared_ptr<torch::optim::LRScheduler> client_lr_scheduler_;
+
+  int64_t micro_steps_ = 0;
+  int64_t global_steps_ = 0;
+  int64_t window_micro_steps_ = 0;  // micro-steps backpropagated in the current window
+  double window_loss_sum_ = 0;      // sum of this rank's micro-batch losses in the window
+  int window_nonfinite_ = 0;        // of which non-finite
+  int no_sync_depth_ = 0;
+  int64_t tokens_per_sample_ = 0;
+  std::chrono::steady_clock::time_point window_start_;
+  // wall_clock_breakdown: seconds in the current window.
+  double t_backward_ = 0, t_reduce_wait_ = 0, t_optimizer_ = 0;
+  StepStats last_step_;
+};
+
+// Parses the config (file path or JSON text), joins the job and builds the engine.
+std::shared_ptr<Engine> initialize(std::shared_ptr<torch::nn::Module> model,
+                                   const std::string& config_path_or_json,
+                                   InitOptions options = {});
+
+}  // namespace dscpp

@@ -1,0 +1,75 @@
+// Safetensors: dscpp's weights interchange format, written and read by dscpp itself. A file is
+// an 8-byte little-endian header length N, N bytes of JSON header
+//   {"__metadata__": {"k": "v", ...}, "name": {"dtype": "F32", "shape": [2, 3],
+//    "data_offsets": [begin, end]}, ...}
+// padded with spaces to a multiple of 8 bytes (as the reference Rust implementation does), then
+// the tensors' raw little-endian bytes, offsets relative to the end of the header. Tensors keep
+// the order they were given in, in the header and in the data. Reading validates everything
+// (JSON, dtypes, shapes against byte sizes, offsets in range, no overlap and no holes) and
+// throws IoError naming the file and, where one is at fault, the tensor. Writing is atomic
+// (temporary file, fsync, rename): a failed save leaves no partial file behind.
+//
+// All disk I/O goes through an io::FileSystem (src/io/file_system.h); pass nullptr for the POSIX
+// one. Tests pass a FaultFileSystem to tear files or fail writes.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace torch::nn {
+class Module;
+}
+
+namespace dscpp::io {
+class FileSystem;
+}
+
+namespace dscpp::safetensors {
+
+// Named tensors in file order.
+using TensorList = std::vector<std::pair<std::string, at::Tensor>>;
+
+struct Contents {
+  TensorList tensors;                           // CPU, contiguous, in file order
+  std::map<std::string, std::string> metadata;  // "__metadata__", empty when absent
+};
+
+// Dtype names of the format and their libtorch types: BOOL, U8, I8, I16, I32, I64, F16, BF16,
+// F32, F64. The format's U16, U32, U64 and F8_* have no libtorch 1.13 type and are rejected.
+std::string dtype_name(at::ScalarType type);
+
+// Serialises to the bytes of a file (header and data). Tensors may live on any device and have
+// any strides; they are copied to contiguous CPU memory. Throws IoError for a dtype the format
+// cannot hold, an empty or duplicate name, or a name "__metadata__".
+std::string serialize(const TensorList& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+
+// Parses the bytes of a file; `source` names it in errors. Throws IoError on anything invalid.
+Contents deserialize(const std::string& bytes, const std::string& source);
+
+// Writes a file atomically. Large tensors are written from their own memory (no copy into one
+// buffer) when already contiguous on the CPU. Throws IoError; `path` is then untouched.
+void save(const std::string& path, const TensorList& tensors,
+          const std::map<std::string, std::string>& metadata = {}, io::FileSystem* fs = nullptr);
+
+// Reads and validates a whole file. Throws IoError naming the file (and tensor) on any problem.
+Contents load(const std::string& path, io::FileSystem* fs = nullptr);
+
+// Writes every parameter of `module` under its named_parameters() name (the module path, e.g.
+// "h.0.attn.c_attn.weight"), converted to fp32 on the CPU. Throws IoError.
+void save(const torch::nn::Module& module, const std::string& path,
+          const std::map<std::string, std::string>& metadata = {}, io::FileSystem* fs = nullptr);
+
+// Copies the tensors of a file into the parameters of `module` by name, converting the dtype
+// and device to the parameter's. The file must hold exactly the module's parameters with the
+// same shapes; otherwise throws CheckpointError listing every missing name, every extra name and
+// every shape mismatch at once, and leaves the module unchanged. Throws IoError for an unreadable
+// or corrupt file. Returns the file's metadata.
+std::map<std::string, std::string> load_into(torch::nn::Module& module, const std::string& path,
+                                             io::FileSystem* fs = nullptr);
+
+}  // namespace dscpp::safetensors

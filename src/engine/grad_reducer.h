@@ -1,0 +1,96 @@
+// GradReducer: the data-parallel gradient path of ZeRO stage 0.
+//
+// The model's trainable parameters become views into one flat fp32 buffer and their gradients
+// views into a second one (so autograd accumulates straight into the buffer the collectives
+// and the fused optimizer use; no copies per step). The gradient buffer is cut into buckets of
+// about reduce_bucket_size elements, taken from the end of the buffer (the last parameters'
+// gradients are ready first in backward). A post-hook on each parameter's gradient
+// accumulator counts a bucket down; when a backward must reduce, a bucket whose gradients are
+// all ready is all-reduced at once, while backward goes on.
+//
+// NOTE [bucket order]: buckets are launched strictly in index order on every rank, even if
+// a later bucket is ready first, so ranks always issue the same collectives in the same
+// order (a parameter unused on one rank only cannot reorder them). Buckets still pending
+// when backward returns (unused parameters) are launched then, in order.
+//
+// Threading: hooks run on the autograd thread(s); the bucket state is guarded by a mutex.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dscpp/comm.h"
+
+namespace dscpp::engine {
+
+struct GradReduceOptions {
+  int64_t reduce_bucket_size = 500000000;  // elements per bucket (DeepSpeed's unit)
+  bool prescale_gradients = false;
+  double gradient_predivide_factor = 1.0;
+};
+
+class GradReducer {
+ public:
+  // `params`: the trainable parameters, distinct, fp32, contiguous-able, on one device.
+  // Replaces each parameter's storage by a view into the flat buffer (values kept).
+  GradReducer(std::vector<at::Tensor> params, std::vector<std::string> names,
+              comm::Communicator& comm, GradReduceOptions options);
+  ~GradReducer();
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
+
+  // Call before loss.backward(): whether this backward averages gradients over ranks.
+  void prepare_backward(bool reduce);
+  // Call after loss.backward(): launches the buckets still pending (in order) and waits for
+  // every reduction of this backward. Returns the seconds spent waiting.
+  double finish_backward();
+  // Averages the accumulated gradients over ranks outside a backward (flush at the end of an
+  // epoch), bucket by bucket; blocks until done.
+  void reduce_all_now();
+
+  at::Tensor flat_params() const { return flat_params_; }  // [numel] fp32
+  at::Tensor flat_grads() const { return flat_grads_; }    // [numel] fp32
+  int64_t numel() const { return flat_params_.numel(); }
+  const std::vector<at::Tensor>& params() const { return params_; }
+  const std::vector<std::string>& names() const { return names_; }
+  // [offset, numel) of each parameter in the flat buffers.
+  const std::vector<std::pair<int64_t, int64_t>>& segments() const { return segments_; }
+  size_t num_buckets() const { return buckets_.size(); }
+  void zero_grads();
+
+ private:
+  struct Bucket {
+    int64_t offset = 0;
+    int64_t numel = 0;
+    std::vector<int> params;
+    int pending = 0;
+    bool launched = false;
+  };
+  void on_grad_ready(int param);
+  void launch_in_order_locked();
+  void launch(Bucket& b);
+  void reattach_grads();
+
+  std::vector<at::Tensor> params_;
+  std::vector<std::string> names_;
+  std::vector<std::pair<int64_t, int64_t>> segments_;
+  comm::Communicator& comm_;
+  GradReduceOptions options_;
+  at::Tensor flat_params_;
+  at::Tensor flat_grads_;
+  std::vector<Bucket> buckets_;
+  std::vector<int> bucket_of_param_;
+  std::vector<std::shared_ptr<void>> accumulators_;  // keeps the hooked grad accumulators alive
+
+  std::mutex mu_;
+  bool reducing_ = false;
+  size_t next_bucket_ = 0;
+  std::vector<comm::WorkHandle> works_;
+};
+
+}  // namespace dscpp::engine

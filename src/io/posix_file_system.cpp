@@ -1,0 +1,181 @@
+// The POSIX FileSystem (open/pread/write/fsync/rename) and write_file_atomically, which is built
+// only on the FileSystem primitives so that a wrapping FaultFileSystem sees every step of it.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#include "dscpp/error.h"
+#include "io/file_system.h"
+
+namespace dscpp::io {
+namespace {
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+class PosixRandomAccessFile final : public RandomAccessFile {
+ public:
+  PosixRandomAccessFile(std::string path, int fd, uint64_t size)
+      : path_(std::move(path)), fd_(fd), size_(size) {}
+  ~PosixRandomAccessFile() override { ::close(fd_); }
+
+  void pread(uint64_t offset, void* dst, size_t n) const override {
+    auto* p = static_cast<char*>(dst);
+    size_t done = 0;
+    while (done < n) {
+      ssize_t r = ::pread(fd_, p + done, n - done, static_cast<off_t>(offset + done));
+      if (r < 0 && errno == EINTR) continue;
+      DSCPP_CHECK(r >= 0, IoError, "reading ", n, " bytes at offset ", offset, " of '", path_,
+                  "' failed: ", errno_text(errno));
+      DSCPP_CHECK(r > 0, IoError, "'", path_, "' ended at byte ", offset + done, " while reading ",
+                  n, " bytes at offset ", offset, " (file size ", size_,
+                  "). HINT: the file was truncated or is being rewritten.");
+      done += static_cast<size_t>(r);
+    }
+  }
+  uint64_t size() const override { return size_; }
+  const std::string& path() const override { return path_; }
+
+ private:
+  std::string path_;
+  int fd_;
+  uint64_t size_;
+};
+
+class PosixWritableFile final : public WritableFile {
+ public:
+  PosixWritableFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  ~PosixWritableFile() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  void append(const void* data, size_t n) override {
+    DSCPP_CHECK(fd_ >= 0, IoError, "append to closed file '", path_, "'");
+    const auto* p = static_cast<const char*>(data);
+    while (n > 0) {
+      ssize_t w = ::write(fd_, p, n);
+      if (w < 0 && errno == EINTR) continue;
+      DSCPP_CHECK(w >= 0, IoError, "writing ", n, " bytes to '", path_,
+                  "' failed: ", errno_text(errno), ". HINT: is the disk full?");
+      p += w;
+      n -= static_cast<size_t>(w);
+    }
+  }
+  void sync() override {
+    DSCPP_CHECK(fd_ >= 0, IoError, "sync of closed file '", path_, "'");
+    DSCPP_CHECK(::fsync(fd_) == 0, IoError, "fsync of '", path_, "' failed: ", errno_text(errno));
+  }
+  void close() override {
+    DSCPP_CHECK(fd_ >= 0, IoError, "'", path_, "' closed twice");
+    int fd = fd_;
+    fd_ = -1;
+    DSCPP_CHECK(::close(fd) == 0, IoError, "closing '", path_, "' failed: ", errno_text(errno));
+  }
+  const std::string& path() const override { return path_; }
+
+ private:
+  std::string path_;
+  int fd_;
+};
+
+class PosixFileSystem final : public FileSystem {
+ public:
+  std::unique_ptr<RandomAccessFile> open_for_read(const std::string& path) override {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    DSCPP_CHECK(fd >= 0, IoError, "cannot open '", path, "' for reading: ", errno_text(errno));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      int err = errno;
+      ::close(fd);
+      DSCPP_FAIL(IoError, "cannot stat '", path, "': ", errno_text(err));
+    }
+    if (S_ISDIR(st.st_mode)) {
+      ::close(fd);
+      DSCPP_FAIL(IoError, "'", path, "' is a directory, not a file");
+    }
+    return std::make_unique<PosixRandomAccessFile>(path, fd, static_cast<uint64_t>(st.st_size));
+  }
+
+  std::unique_ptr<WritableFile> open_for_write(const std::string& path) override {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    DSCPP_CHECK(fd >= 0, IoError, "cannot open '", path, "' for writing: ", errno_text(errno));
+    return std::make_unique<PosixWritableFile>(path, fd);
+  }
+
+  void rename_file(const std::string& from, const std::string& to) override {
+    DSCPP_CHECK(::rename(from.c_str(), to.c_str()) == 0, IoError, "renaming '", from, "' to '", to,
+                "' failed: ", errno_text(errno));
+  }
+
+  void remove_file(const std::string& path) override {
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      DSCPP_FAIL(IoError, "removing '", path, "' failed: ", errno_text(errno));
+    }
+  }
+
+  void sync_dir(const std::string& dir) override {
+    int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DSCPP_CHECK(fd >= 0, IoError, "cannot open directory '", dir, "': ", errno_text(errno));
+    int rc = ::fsync(fd);
+    int err = errno;
+    ::close(fd);
+    // Some file systems (tmpfs in containers, some FUSE mounts) refuse fsync on a directory;
+    // the rename is then as durable as that file system allows.
+    DSCPP_CHECK(rc == 0 || err == EINVAL || err == ENOTSUP, IoError, "fsync of directory '", dir,
+                "' failed: ", errno_text(err));
+  }
+
+  bool exists(const std::string& path) override {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0;
+  }
+
+  uint64_t file_size(const std::string& path) override {
+    struct stat st {};
+    DSCPP_CHECK(::stat(path.c_str(), &st) == 0, IoError, "cannot stat '", path,
+                "': ", errno_text(errno));
+    return static_cast<uint64_t>(st.st_size);
+  }
+};
+
+}  // namespace
+
+void FileSystem::write_file_atomically(const std::string& path,
+                                       const std::vector<ConstBuffer>& pieces) {
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = detail::str_cat(path, ".tmp.", ::getpid(), ".", counter++);
+  try {
+    auto file = open_for_write(tmp);
+    for (const auto& piece : pieces) {
+      if (piece.size > 0) file->append(piece.data, piece.size);
+    }
+    file->sync();
+    file->close();
+    rename_file(tmp, path);
+  } catch (...) {
+    try {
+      remove_file(tmp);
+    } catch (...) {
+      // The original failure is the one worth reporting.
+    }
+    throw;
+  }
+  sync_dir(dir_name(path));
+}
+
+FileSystem& default_file_system() {
+  static PosixFileSystem fs;
+  return fs;
+}
+
+std::string dir_name(const std::string& path) {
+  auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+}  // namespace dscpp::io

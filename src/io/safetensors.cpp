@@ -1,0 +1,370 @@
+// Safetensors reading and writing (format in include/dscpp/safetensors.h). The header is parsed
+// and validated first (parse_header); tensor bytes are then read straight into freshly allocated
+// tensors, so loading a file never holds two copies of its data.
+#include "dscpp/safetensors.h"
+
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "dscpp/error.h"
+#include "io/file_system.h"
+
+namespace dscpp::safetensors {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "safetensors data is little-endian; dscpp does not byte-swap");
+
+using ordered_json = nlohmann::ordered_json;
+
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // the reference implementation's limit
+constexpr const char* kMetadataKey = "__metadata__";
+
+struct DtypeInfo {
+  const char* name;
+  at::ScalarType type;
+};
+
+constexpr DtypeInfo kDtypes[] = {
+    {"BOOL", at::kBool}, {"U8", at::kByte},    {"I8", at::kChar},  {"I16", at::kShort},
+    {"I32", at::kInt},   {"I64", at::kLong},   {"F16", at::kHalf}, {"BF16", at::kBFloat16},
+    {"F32", at::kFloat}, {"F64", at::kDouble},
+};
+// Names the format defines that libtorch 1.13 cannot hold.
+constexpr const char* kUnsupportedDtypes[] = {"U16", "U32", "U64", "F8_E5M2", "F8_E4M3"};
+
+// One tensor's header entry after validation.
+struct Entry {
+  std::string name;
+  at::ScalarType type;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0;  // bytes, relative to the start of the data section
+  uint64_t end = 0;
+};
+
+struct Header {
+  std::vector<Entry> entries;  // file (header) order
+  std::map<std::string, std::string> metadata;
+};
+
+at::ScalarType parse_dtype(const std::string& name, const std::string& source,
+                           const std::string& tensor) {
+  for (const auto& d : kDtypes) {
+    if (name == d.name) return d.type;
+  }
+  for (const char* u : kUnsupportedDtypes) {
+    DSCPP_CHECK(name != u, IoError, "'", source, "': tensor '", tensor, "' has dtype ", name,
+                ", which libtorch cannot hold. HINT: convert it (e.g. to I32/F32) when writing.");
+  }
+  DSCPP_FAIL(IoError, "'", source, "': tensor '", tensor, "' has unknown dtype \"", name, "\"");
+}
+
+// Parses and validates the JSON header against a data section of `data_len` bytes.
+Header parse_header(const std::string& text, uint64_t data_len, const std::string& source) {
+  // Duplicate top-level names would silently shadow each other: reject them.
+  std::set<std::string> seen;
+  std::string duplicate;
+  ordered_json::parser_callback_t cb = [&](int depth, nlohmann::json::parse_event_t event,
+                                           ordered_json& parsed) {
+    if (depth == 1 && event == nlohmann::json::parse_event_t::key) {
+      auto key = parsed.get<std::string>();
+      if (!seen.insert(key).second && duplicate.empty()) duplicate = key;
+    }
+    return true;
+  };
+  ordered_json j;
+  try {
+    j = ordered_json::parse(text, cb);
+  } catch (const nlohmann::json::exception& e) {
+    DSCPP_FAIL(IoError, "'", source, "': the safetensors header is not valid JSON (", e.what(),
+               "). HINT: the file is corrupt or not a safetensors file.");
+  }
+  DSCPP_CHECK(duplicate.empty(), IoError, "'", source, "': tensor '", duplicate,
+              "' appears twice in the header");
+  DSCPP_CHECK(j.is_object(), IoError, "'", source, "': the safetensors header is not an object");
+
+  Header h;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& name = it.key();
+    const auto& v = it.value();
+    if (name == kMetadataKey) {
+      DSCPP_CHECK(v.is_object() || v.is_null(), IoError, "'", source,
+                  "': __metadata__ must be an object of strings");
+      if (v.is_null()) continue;
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        DSCPP_CHECK(m.value().is_string(), IoError, "'", source, "': __metadata__ value of '",
+                    m.key(), "' is not a string");
+        h.metadata[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    DSCPP_CHECK(!name.empty(), IoError, "'", source, "': a tensor has an empty name");
+    DSCPP_CHECK(v.is_object(), IoError, "'", source, "': the entry of tensor '", name,
+                "' is not an object");
+    for (auto f = v.begin(); f != v.end(); ++f) {
+      DSCPP_CHECK(f.key() == "dtype" || f.key() == "shape" || f.key() == "data_offsets", IoError,
+                  "'", source, "': tensor '", name, "' has an unknown field \"", f.key(), "\"");
+    }
+    DSCPP_CHECK(v.contains("dtype") && v["dtype"].is_string(), IoError, "'", source, "': tensor '",
+                name, "' has no string \"dtype\"");
+    DSCPP_CHECK(v.contains("shape") && v["shape"].is_array(), IoError, "'", source, "': tensor '",
+                name, "' has no \"shape\" array");
+    DSCPP_CHECK(
+        v.contains("data_offsets") && v["data_offsets"].is_array() && v["data_offsets"].size() == 2,
+        IoError, "'", source, "': tensor '", name,
+        "' has no \"data_offsets\" array of two numbers");
+    Entry e;
+    e.name = name;
+    e.type = parse_dtype(v["dtype"].get<std::string>(), source, name);
+    uint64_t numel = 1;
+    bool overflow = false;
+    for (const auto& d : v["shape"]) {
+      DSCPP_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
+                  IoError, "'", source, "': tensor '", name, "' has a shape entry ", d.dump(),
+                  " that is not a non-negative integer");
+      auto n = d.get<uint64_t>();
+      DSCPP_CHECK(n <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), IoError, "'",
+                  source, "': tensor '", name, "' has an absurd dimension ", n);
+      if (n != 0 && numel > std::numeric_limits<uint64_t>::max() / n) overflow = true;
+      numel *= n;
+      e.shape.push_back(static_cast<int64_t>(n));
+    }
+    for (const auto& o : v["data_offsets"]) {
+      DSCPP_CHECK(o.is_number_unsigned() || (o.is_number_integer() && o.get<int64_t>() >= 0),
+                  IoError, "'", source, "': tensor '", name, "' has a data offset ", o.dump(),
+                  " that is not a non-negative integer");
+    }
+    e.begin = v["data_offsets"][0].get<uint64_t>();
+    e.end = v["data_offsets"][1].get<uint64_t>();
+    DSCPP_CHECK(e.begin <= e.end, IoError, "'", source, "': tensor '", name, "' has data_offsets [",
+                e.begin, ", ", e.end, "] that end before they begin");
+    DSCPP_CHECK(e.end <= data_len, IoError, "'", source, "': tensor '", name,
+                "' has data_offsets [", e.begin, ", ", e.end, "] beyond the ", data_len,
+                " bytes of data in the file. HINT: the file is truncated (torn write?).");
+    const uint64_t item = c10::elementSize(e.type);
+    DSCPP_CHECK(!overflow && numel <= std::numeric_limits<uint64_t>::max() / item &&
+                    numel * item == e.end - e.begin,
+                IoError, "'", source, "': tensor '", name, "' has dtype ", dtype_name(e.type),
+                " and shape ", v["shape"].dump(), " (", numel, " elements, ",
+                overflow ? 0 : numel * item, " bytes) but data_offsets [", e.begin, ", ", e.end,
+                "] span ", e.end - e.begin, " bytes");
+    h.entries.push_back(std::move(e));
+  }
+
+  // The data section must be covered exactly: sorted by offset, each tensor starts where the
+  // previous one ended, the last ends at the end of the file.
+  std::vector<const Entry*> by_offset;
+  for (const auto& e : h.entries) by_offset.push_back(&e);
+  std::stable_sort(by_offset.begin(), by_offset.end(), [](const Entry* a, const Entry* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  uint64_t pos = 0;
+  const Entry* prev = nullptr;
+  for (const Entry* e : by_offset) {
+    if (e->begin < pos) {
+      DSCPP_FAIL(IoError, "'", source, "': tensor '", e->name, "' (bytes [", e->begin, ", ", e->end,
+                 ")) overlaps tensor '", prev->name, "' (bytes [", prev->begin, ", ", prev->end,
+                 "))");
+    }
+    DSCPP_CHECK(e->begin == pos, IoError, "'", source, "': bytes [", pos, ", ", e->begin,
+                ") of the data section belong to no tensor (a hole before tensor '", e->name, "')");
+    pos = e->end;
+    prev = e;
+  }
+  DSCPP_CHECK(pos == data_len, IoError, "'", source, "': the tensors cover ", pos,
+              " bytes but the ", "data section has ", data_len,
+              " bytes (trailing bytes that belong to no tensor). HINT: the file is corrupt.");
+  return h;
+}
+
+// The header text (padded with spaces to a multiple of 8) for tensors already made contiguous
+// on the CPU.
+std::string make_header(const TensorList& tensors,
+                        const std::map<std::string, std::string>& metadata) {
+  ordered_json j = ordered_json::object();
+  if (!metadata.empty()) {
+    ordered_json m = ordered_json::object();
+    for (const auto& [k, v] : metadata) m[k] = v;
+    j[kMetadataKey] = m;
+  }
+  std::set<std::string> names;
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    DSCPP_CHECK(!name.empty(), IoError, "safetensors: a tensor has an empty name");
+    DSCPP_CHECK(name != kMetadataKey, IoError, "safetensors: a tensor may not be named ",
+                kMetadataKey);
+    DSCPP_CHECK(names.insert(name).second, IoError, "safetensors: tensor name '", name,
+                "' given twice");
+    DSCPP_CHECK(t.defined(), IoError, "safetensors: tensor '", name, "' is undefined");
+    ordered_json e = ordered_json::object();
+    e["dtype"] = dtype_name(t.scalar_type());
+    e["shape"] = t.sizes().vec();
+    uint64_t n = t.numel() * t.element_size();
+    e["data_offsets"] = ordered_json::array({offset, offset + n});
+    offset += n;
+    j[name] = e;
+  }
+  std::string text = j.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  return text;
+}
+
+std::string length_prefix(uint64_t n) {
+  std::string s(8, '\0');
+  std::memcpy(s.data(), &n, 8);
+  return s;
+}
+
+TensorList to_cpu_contiguous(const TensorList& tensors) {
+  TensorList out;
+  out.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) {
+    DSCPP_CHECK(t.defined(), IoError, "safetensors: tensor '", name, "' is undefined");
+    out.emplace_back(name, t.detach().to(at::kCPU).contiguous());
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string dtype_name(at::ScalarType type) {
+  for (const auto& d : kDtypes) {
+    if (d.type == type) return d.name;
+  }
+  DSCPP_FAIL(IoError, "safetensors cannot hold dtype ", c10::toString(type));
+}
+
+std::string serialize(const TensorList& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  TensorList cpu = to_cpu_contiguous(tensors);
+  std::string header = make_header(cpu, metadata);
+  std::string out = length_prefix(header.size()) + header;
+  for (const auto& [name, t] : cpu) {
+    out.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
+  }
+  return out;
+}
+
+Contents deserialize(const std::string& bytes, const std::string& source) {
+  DSCPP_CHECK(bytes.size() >= 8, IoError, "'", source, "' has ", bytes.size(),
+              " bytes, fewer than the 8-byte header length of a safetensors file");
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  DSCPP_CHECK(n <= kMaxHeaderBytes && n <= bytes.size() - 8, IoError, "'", source,
+              "': header length ", n, " does not fit in the ", bytes.size(),
+              "-byte file. HINT: the file is truncated or not a safetensors file.");
+  const uint64_t data_start = 8 + n;
+  Header h = parse_header(bytes.substr(8, n), bytes.size() - data_start, source);
+  Contents c;
+  c.metadata = std::move(h.metadata);
+  for (const auto& e : h.entries) {
+    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.type));
+    std::memcpy(t.data_ptr(), bytes.data() + data_start + e.begin, e.end - e.begin);
+    c.tensors.emplace_back(e.name, std::move(t));
+  }
+  return c;
+}
+
+void save(const std::string& path, const TensorList& tensors,
+          const std::map<std::string, std::string>& metadata, io::FileSystem* fs) {
+  TensorList cpu = to_cpu_contiguous(tensors);
+  std::string header;
+  try {
+    header = make_header(cpu, metadata);
+  } catch (const IoError& e) {
+    DSCPP_FAIL(IoError, "cannot save '", path, "': ", e.what());
+  }
+  std::string prefix = length_prefix(header.size());
+  std::vector<io::ConstBuffer> pieces = {{prefix.data(), prefix.size()},
+                                         {header.data(), header.size()}};
+  for (const auto& [name, t] : cpu) {
+    pieces.push_back({t.data_ptr(), static_cast<size_t>(t.numel() * t.element_size())});
+  }
+  io::resolve(fs).write_file_atomically(path, pieces);
+}
+
+Contents load(const std::string& path, io::FileSystem* fs) {
+  auto file = io::resolve(fs).open_for_read(path);
+  const uint64_t size = file->size();
+  DSCPP_CHECK(size >= 8, IoError, "'", path, "' has ", size,
+              " bytes, fewer than the 8-byte header length of a safetensors file. HINT: the "
+              "file is truncated (torn write?) or not a safetensors file.");
+  uint64_t n = 0;
+  file->pread(0, &n, 8);
+  DSCPP_CHECK(n <= kMaxHeaderBytes && n <= size - 8, IoError, "'", path, "': header length ", n,
+              " does not fit in the ", size,
+              "-byte file. HINT: the file is truncated (torn write?) or not a safetensors file.");
+  std::string text(n, '\0');
+  file->pread(8, text.data(), n);
+  const uint64_t data_start = 8 + n;
+  Header h = parse_header(text, size - data_start, path);
+  Contents c;
+  c.metadata = std::move(h.metadata);
+  for (const auto& e : h.entries) {
+    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.type));
+    if (e.end > e.begin) file->pread(data_start + e.begin, t.data_ptr(), e.end - e.begin);
+    c.tensors.emplace_back(e.name, std::move(t));
+  }
+  return c;
+}
+
+void save(const torch::nn::Module& module, const std::string& path,
+          const std::map<std::string, std::string>& metadata, io::FileSystem* fs) {
+  TensorList tensors;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    tensors.emplace_back(item.key(), item.value().detach().to(at::kCPU, at::kFloat));
+  }
+  save(path, tensors, metadata, fs);
+}
+
+std::map<std::string, std::string> load_into(torch::nn::Module& module, const std::string& path,
+                                             io::FileSystem* fs) {
+  Contents c = load(path, fs);
+  std::map<std::string, at::Tensor> file;
+  for (auto& [name, t] : c.tensors) file.emplace(name, t);
+  auto params = module.named_parameters(/*recurse=*/true);
+
+  std::vector<std::string> missing, mismatched, extra;
+  std::set<std::string> wanted;
+  for (const auto& item : params) {
+    wanted.insert(item.key());
+    auto it = file.find(item.key());
+    if (it == file.end()) {
+      missing.push_back(item.key());
+    } else if (it->second.sizes() != item.value().sizes()) {
+      mismatched.push_back(detail::str_cat(item.key(), " (module ", item.value().sizes(), ", file ",
+                                           it->second.sizes(), ")"));
+    }
+  }
+  for (const auto& [name, t] : c.tensors) {
+    if (!wanted.count(name)) extra.push_back(name);
+  }
+  if (!missing.empty() || !extra.empty() || !mismatched.empty()) {
+    std::ostringstream os;
+    os << "'" << path << "' does not match the module (" << params.size() << " parameters, file "
+       << c.tensors.size() << " tensors):";
+    auto list = [&os](const char* what, const std::vector<std::string>& names) {
+      if (names.empty()) return;
+      os << "\n  " << what << " (" << names.size() << "):";
+      for (const auto& n : names) os << "\n    " << n;
+    };
+    list("missing from the file", missing);
+    list("in the file but not in the module", extra);
+    list("shape mismatch", mismatched);
+    os << "\nHINT: the file was saved from a model with another configuration (n_layer, n_embd, "
+          "vocab_size, block_size?).";
+    throw CheckpointError(os.str());
+  }
+  at::NoGradGuard no_grad;
+  for (auto& item : params) item.value().copy_(file.at(item.key()));
+  return c.metadata;
+}
+
+}  // namespace dscpp::safetensors

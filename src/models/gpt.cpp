@@ -1,0 +1,233 @@
+// GPT-2 forward pass, loss and initialisation. Every operation here has a line-for-line twin in
+// tests/golden/gpt_reference.py; the Golden tests hold the two to 1e-5 (logits, loss, gradients),
+// so a change to one must be made to the other.
+#include "dscpp/models/gpt.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/nn/functional/linear.h>
+#include <torch/nn/functional/loss.h>
+
+#include <cmath>
+#include <limits>
+#include <mutex>
+
+#include "dscpp/error.h"
+
+namespace dscpp::models {
+namespace {
+
+constexpr double kInitStd = 0.02;
+constexpr double kLayerNormEps = 1e-5;
+
+torch::nn::LayerNorm make_layer_norm(int64_t n) {
+  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({n}).eps(kLayerNormEps));
+}
+
+// Restores the global CPU generator on destruction. libtorch's module constructors draw their
+// default initialisation from it; GPT overwrites those values with its own seeded draws, and this
+// guard makes the construction invisible to the caller's random stream.
+class GlobalGeneratorGuard {
+ public:
+  GlobalGeneratorGuard() : gen_(at::detail::getDefaultCPUGenerator()) {
+    std::lock_guard<std::mutex> lock(gen_.mutex());
+    state_ = gen_.get_state();
+  }
+  ~GlobalGeneratorGuard() {
+    std::lock_guard<std::mutex> lock(gen_.mutex());
+    gen_.set_state(state_);
+  }
+
+ private:
+  at::Generator gen_;
+  at::Tensor state_;
+};
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+int64_t parse_int(const std::map<std::string, std::string>& m, const std::string& key) {
+  auto it = m.find(key);
+  DSCPP_CHECK(it != m.end(), ConfigError, "GPT metadata has no \"", key,
+              "\". HINT: the weights were not saved by dscpp's GPT; pass the config explicitly.");
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(it->second, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  DSCPP_CHECK(used > 0 && used == it->second.size(), ConfigError, "GPT metadata \"", key, "\" = \"",
+              it->second, "\" is not an integer");
+  return v;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+void GPTConfig::validate() const {
+  DSCPP_CHECK(vocab_size > 0, ConfigError, "GPT vocab_size must be > 0, got ", vocab_size);
+  DSCPP_CHECK(block_size > 0, ConfigError, "GPT block_size must be > 0, got ", block_size);
+  DSCPP_CHECK(n_layer > 0, ConfigError, "GPT n_layer must be > 0, got ", n_layer);
+  DSCPP_CHECK(n_head > 0, ConfigError, "GPT n_head must be > 0, got ", n_head);
+  DSCPP_CHECK(n_embd > 0, ConfigError, "GPT n_embd must be > 0, got ", n_embd);
+  DSCPP_CHECK(n_embd % n_head == 0, ConfigError, "GPT n_embd (", n_embd,
+              ") is not divisible by n_head (", n_head,
+              "). HINT: n_embd must be n_head times the head size, e.g. n_embd=",
+              (n_embd / n_head + 1) * n_head, " for ", n_head, " heads.");
+}
+
+int64_t GPTConfig::num_parameters() const {
+  const int64_t c = n_embd;
+  return vocab_size * c + block_size * c + n_layer * (12 * c * c + 13 * c) + 2 * c;
+}
+
+std::string GPTConfig::to_string() const {
+  return detail::str_cat("n_layer=", n_layer, " n_head=", n_head, " n_embd=", n_embd,
+                         " vocab_size=", vocab_size, " block_size=", block_size);
+}
+
+std::map<std::string, std::string> GPTConfig::to_metadata() const {
+  return {{"vocab_size", std::to_string(vocab_size)},
+          {"block_size", std::to_string(block_size)},
+          {"n_layer", std::to_string(n_layer)},
+          {"n_head", std::to_string(n_head)},
+          {"n_embd", std::to_string(n_embd)}};
+}
+
+GPTConfig GPTConfig::from_metadata(const std::map<std::string, std::string>& metadata) {
+  GPTConfig c;
+  c.vocab_size = parse_int(metadata, "vocab_size");
+  c.block_size = parse_int(metadata, "block_size");
+  c.n_layer = parse_int(metadata, "n_layer");
+  c.n_head = parse_int(metadata, "n_head");
+  c.n_embd = parse_int(metadata, "n_embd");
+  c.validate();
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(int64_t n_embd, int64_t n_head)
+    : n_embd_(n_embd), n_head_(n_head) {
+  c_attn = register_module("c_attn", torch::nn::Linear(n_embd, 3 * n_embd));
+  c_proj = register_module("c_proj", torch::nn::Linear(n_embd, n_embd));
+}
+
+at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
+  const int64_t b = x.size(0), t = x.size(1), c = n_embd_, hs = n_embd_ / n_head_;
+  auto qkv = c_attn->forward(x).split(c, /*dim=*/2);          // 3 x [B, T, C]
+  auto q = qkv[0].view({b, t, n_head_, hs}).transpose(1, 2);  // [B, nh, T, hs]
+  auto k = qkv[1].view({b, t, n_head_, hs}).transpose(1, 2);  // [B, nh, T, hs]
+  auto v = qkv[2].view({b, t, n_head_, hs}).transpose(1, 2);  // [B, nh, T, hs]
+  auto att = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hs)));
+  // [T, T] bool, true above the diagonal: position i may not attend to j > i.
+  auto future = at::ones({t, t}, x.options().dtype(at::kBool)).triu(1);
+  att = att.masked_fill(future, -std::numeric_limits<double>::infinity());
+  att = at::softmax(att, -1);                          // [B, nh, T, T]
+  auto y = at::matmul(att, v);                         // [B, nh, T, hs]
+  y = y.transpose(1, 2).contiguous().view({b, t, c});  // [B, T, C]
+  return c_proj->forward(y);
+}
+
+MLPImpl::MLPImpl(int64_t n_embd) {
+  c_fc = register_module("c_fc", torch::nn::Linear(n_embd, 4 * n_embd));
+  c_proj = register_module("c_proj", torch::nn::Linear(4 * n_embd, n_embd));
+}
+
+at::Tensor MLPImpl::forward(const at::Tensor& x) {
+  return c_proj->forward(at::gelu(c_fc->forward(x), "none"));  // exact (erf) GELU
+}
+
+BlockImpl::BlockImpl(int64_t n_embd, int64_t n_head) {
+  ln_1 = register_module("ln_1", make_layer_norm(n_embd));
+  attn = register_module("attn", CausalSelfAttention(n_embd, n_head));
+  ln_2 = register_module("ln_2", make_layer_norm(n_embd));
+  mlp = register_module("mlp", MLP(n_embd));
+}
+
+at::Tensor BlockImpl::forward(const at::Tensor& x) {
+  auto y = x + attn->forward(ln_1->forward(x));
+  return y + mlp->forward(ln_2->forward(y));
+}
+
+// ---------------------------------------------------------------------------------------------
+GPTImpl::GPTImpl(const GPTConfig& config, uint64_t seed) : config_(config) {
+  config_.validate();
+  {
+    GlobalGeneratorGuard guard;
+    const int64_t c = config_.n_embd;
+    wte = register_module("wte", torch::nn::Embedding(config_.vocab_size, c));
+    wpe = register_module("wpe", torch::nn::Embedding(config_.block_size, c));
+    h = register_module("h", torch::nn::ModuleList());
+    for (int64_t i = 0; i < config_.n_layer; ++i) h->push_back(Block(c, config_.n_head));
+    ln_f = register_module("ln_f", make_layer_norm(c));
+  }
+  init_weights(seed);
+}
+
+void GPTImpl::init_weights(uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const double proj_std = kInitStd / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
+  at::NoGradGuard no_grad;
+  for (auto& item : named_parameters(/*recurse=*/true)) {
+    const std::string& name = item.key();
+    at::Tensor& p = item.value();
+    const bool is_layer_norm = name.find("ln_") != std::string::npos;
+    at::Tensor value;
+    if (ends_with(name, ".bias")) {
+      value = at::zeros(p.sizes(), at::kFloat);
+    } else if (is_layer_norm) {
+      value = at::ones(p.sizes(), at::kFloat);
+    } else {
+      const double std = ends_with(name, "c_proj.weight") ? proj_std : kInitStd;
+      value = at::empty(p.sizes(), at::kFloat).normal_(0.0, std, gen);
+    }
+    p.copy_(value);
+  }
+}
+
+at::Tensor GPTImpl::forward(const at::Tensor& idx) {
+  DSCPP_CHECK(idx.dim() == 2, ConfigError, "GPT input must be [B, T] token ids, got shape ",
+              idx.sizes());
+  DSCPP_CHECK(idx.scalar_type() == at::kLong, ConfigError,
+              "GPT input must be int64 token ids, got ", idx.scalar_type());
+  const int64_t t = idx.size(1);
+  DSCPP_CHECK(t <= config_.block_size, ConfigError, "GPT input has sequence length ", t,
+              ", longer than block_size ", config_.block_size,
+              ". HINT: build the model with a larger block_size or feed shorter sequences.");
+  if (idx.numel() > 0) {
+    const int64_t lo = idx.min().item<int64_t>(), hi = idx.max().item<int64_t>();
+    DSCPP_CHECK(lo >= 0 && hi < config_.vocab_size, ConfigError, "GPT input has token ids in [", lo,
+                ", ", hi, "], outside [0, vocab_size=", config_.vocab_size,
+                "). HINT: the data's vocabulary is larger than the model's vocab_size.");
+  }
+  auto pos = at::arange(t, idx.options());         // [T]
+  auto x = wte->forward(idx) + wpe->forward(pos);  // [B, T, C]
+  for (const auto& block : *h) x = block->as<BlockImpl>()->forward(x);
+  x = ln_f->forward(x);
+  // Tied output projection: logits = x @ wte^T.
+  auto logits = torch::nn::functional::linear(x, wte->weight);  // [B, T, V]
+  return logits.to(at::kFloat);
+}
+
+at::Tensor GPTImpl::cross_entropy(const at::Tensor& logits, const at::Tensor& targets) {
+  const int64_t v = logits.size(-1);
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, v}).to(at::kFloat),
+                                              targets.reshape({-1}));
+}
+
+at::Tensor GPTImpl::loss(const at::Tensor& idx, const at::Tensor& targets) {
+  DSCPP_CHECK(targets.sizes() == idx.sizes(), ConfigError, "GPT targets have shape ",
+              targets.sizes(), " but inputs have shape ", idx.sizes());
+  DSCPP_CHECK(targets.scalar_type() == at::kLong, ConfigError,
+              "GPT targets must be int64 token ids, got ", targets.scalar_type());
+  if (targets.numel() > 0) {
+    const int64_t lo = targets.min().item<int64_t>(), hi = targets.max().item<int64_t>();
+    DSCPP_CHECK(lo >= 0 && hi < config_.vocab_size, ConfigError, "GPT targets have token ids in [",
+                lo, ", ", hi, "], outside [0, vocab_size=", config_.vocab_size, ")");
+  }
+  return cross_entropy(forward(idx), targets);
+}
+
+}  // namespace dscpp::models

@@ -1,0 +1,69 @@
+// Which implementation an optimizer step runs (scalar, AVX2, AVX-512 or ATen ops), the
+// DSCPP_OPTIM_SIMD override, and the multithreaded loop the fused kernels run under.
+//
+// NOTE [optimizer SIMD dispatch]: the AVX2 and AVX-512 kernels live in kernels_avx2.cpp and
+// kernels_avx512.cpp, the only files compiled with -mavx2 -mfma / -mavx512f. Those files include
+// nothing but <immintrin.h>, <cstdint> and kernels.h, and keep every function in an anonymous
+// namespace: had they included a libtorch or standard header, its inline functions would be
+// emitted there with AVX-512 code as weak symbols, and the linker could pick that copy for the
+// whole program. The tables they export are reached only through kernel_table(), after
+// cpu_supports() has asked the CPU (__builtin_cpu_supports, which also checks that the OS saves
+// the wider registers). So a CPU without AVX2 or AVX-512 never executes such an instruction.
+// The kernels run inside parallel_elements(): the element range is cut at multiples of 64
+// elements (so only the buffer's last partial vector takes the scalar tail, and results do not
+// depend on the thread count), grain 32K elements, threads as at::get_num_threads().
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string_view>
+
+#include "optim/kernels.h"
+
+namespace dscpp::optim {
+
+enum class KernelPath {
+  kScalar,  // kernels_scalar.cpp
+  kAvx2,    // kernels_avx2.cpp (AVX2 + FMA)
+  kAvx512,  // kernels_avx512.cpp (AVX-512F)
+  kTorch,   // ATen ops: any device, any floating dtype
+};
+
+// "scalar", "avx2", "avx512", "torch".
+const char* to_string(KernelPath path);
+// Parses the names above; nullopt for anything else.
+std::optional<KernelPath> parse_kernel_path(std::string_view name);
+// Whether this CPU (and OS) can run the path. Scalar and torch: always.
+bool cpu_supports(KernelPath path);
+// The widest SIMD path this CPU supports.
+KernelPath best_kernel_path();
+
+// The path CPU fp32 steps take: the innermost ScopedKernelPath if any, else DSCPP_OPTIM_SIMD
+// (scalar|avx2|avx512|torch; unset or "auto": best_kernel_path()). Throws dscpp::Error when the
+// variable names an unknown path or one this CPU cannot run.
+KernelPath active_kernel_path();
+
+// Forces the path for the process while alive (tests, benchmarks). Throws dscpp::Error when the
+// CPU cannot run it. Not thread-safe against concurrent steps.
+class ScopedKernelPath {
+ public:
+  explicit ScopedKernelPath(KernelPath path);
+  ~ScopedKernelPath();
+  ScopedKernelPath(const ScopedKernelPath&) = delete;
+  ScopedKernelPath& operator=(const ScopedKernelPath&) = delete;
+
+ private:
+  std::optional<KernelPath> previous_;
+};
+
+// The kernel table of a SIMD path (not kTorch). Throws dscpp::Error when the CPU lacks it.
+const kernels::Table& kernel_table(KernelPath path);
+
+// Runs fn(begin, end) over [0, n) in parallel chunks cut at multiples of 64 elements, grain
+// 32768 elements (NOTE [optimizer SIMD dispatch]). fn must not throw.
+void parallel_elements(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
+// Runs fn(begin, end) over [0, count) items in parallel (grain 1 item). fn must not throw.
+void parallel_items(int64_t count, const std::function<void(int64_t, int64_t)>& fn);
+
+}  // namespace dscpp::optim

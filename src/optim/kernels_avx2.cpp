@@ -1,0 +1,56 @@
+// The optimizer kernels on 8 floats at a time with AVX2 and FMA. This file alone is compiled
+// with -mavx2 -mfma (src/optim/sources.cmake) and includes no header with inline library code,
+// so no AVX instruction can leak into code a CPU without AVX2 runs (NOTE [optimizer SIMD
+// dispatch] in dispatch.h).
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "optim/kernels.h"
+
+namespace dscpp::optim::kernels {
+namespace {
+#include "optim/kernels_scalar_ops.h"
+
+struct Vec {
+  static constexpr int64_t kWidth = 8;
+  using T = __m256;
+  struct Acc {
+    __m256d lo, hi;  // fp64 sums of lanes 0-3 and 4-7
+  };
+  static T load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, T x) { _mm256_storeu_ps(p, x); }
+  static T set1(float x) { return _mm256_set1_ps(x); }
+  static T add(T a, T b) { return _mm256_add_ps(a, b); }
+  static T sub(T a, T b) { return _mm256_sub_ps(a, b); }
+  static T mul(T a, T b) { return _mm256_mul_ps(a, b); }
+  static T div(T a, T b) { return _mm256_div_ps(a, b); }
+  static T fmadd(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  static T fnmadd(T a, T b, T c) { return _mm256_fnmadd_ps(a, b, c); }
+  static T sqrt(T a) { return _mm256_sqrt_ps(a); }
+  static T sign(T a) {
+    const T zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
+    const T pos = _mm256_and_ps(_mm256_cmp_ps(a, zero, _CMP_GT_OQ), one);
+    const T neg = _mm256_and_ps(_mm256_cmp_ps(a, zero, _CMP_LT_OQ), one);
+    return _mm256_sub_ps(pos, neg);
+  }
+  static Acc acc_zero() { return Acc{_mm256_setzero_pd(), _mm256_setzero_pd()}; }
+  static void acc_sq(Acc& acc, T x) {
+    const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
+    const __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+    acc.lo = _mm256_fmadd_pd(lo, lo, acc.lo);
+    acc.hi = _mm256_fmadd_pd(hi, hi, acc.hi);
+  }
+  static double acc_sum(const Acc& acc) {
+    const __m256d s = _mm256_add_pd(acc.lo, acc.hi);
+    const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+  }
+};
+
+#include "optim/kernels_impl.h"
+}  // namespace
+
+const Table kAvx2Table = {"avx2", adam, sgd, adagrad, lion, lamb_norms, lamb_apply};
+
+}  // namespace dscpp::optim::kernels

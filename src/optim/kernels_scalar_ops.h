@@ -1,0 +1,25 @@
+// The one-float-at-a-time member of the kernels' vector interface (see kernels_impl.h): the tail
+// of every SIMD kernel and the whole of the scalar table. Include only inside an anonymous
+// namespace of a kernels_<isa>.cpp, before kernels_impl.h; it includes nothing itself.
+
+struct Scalar {
+  static constexpr int64_t kWidth = 1;
+  using T = float;
+  struct Acc {
+    double s = 0.0;
+  };
+  static T load(const float* p) { return *p; }
+  static void store(float* p, T x) { *p = x; }
+  static T set1(float x) { return x; }
+  static T add(T a, T b) { return a + b; }
+  static T sub(T a, T b) { return a - b; }
+  static T mul(T a, T b) { return a * b; }
+  static T div(T a, T b) { return a / b; }
+  static T fmadd(T a, T b, T c) { return a * b + c; }
+  static T fnmadd(T a, T b, T c) { return c - a * b; }
+  static T sqrt(T a) { return __builtin_sqrtf(a); }
+  static T sign(T a) { return a > 0.0f ? 1.0f : (a < 0.0f ? -1.0f : 0.0f); }
+  static Acc acc_zero() { return Acc{}; }
+  static void acc_sq(Acc& acc, T x) { acc.s += static_cast<double>(x) * static_cast<double>(x); }
+  static double acc_sum(const Acc& acc) { return acc.s; }
+};

@@ -1,0 +1,91 @@
+// The parts every optimizer shares: argument checks of step(), the fused-or-ATen decision, and
+// make_optimizer() from the DeepSpeed config's optimizer section.
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <string>
+
+#include "dscpp/error.h"
+#include "dscpp/optim.h"
+#include "optim/step_util.h"
+
+namespace dscpp::optim {
+
+void Optimizer::check_step_args(const at::Tensor& params, const at::Tensor& grads,
+                                const StepContext& ctx, const at::Tensor& any_state) const {
+  DSCPP_CHECK(params.defined() && grads.defined(), Error, name(),
+              ".step: params and grads must be defined tensors");
+  DSCPP_CHECK(params.numel() == numel_ && grads.numel() == numel_, Error, name(),
+              ".step: params has ", params.numel(), " and grads ", grads.numel(),
+              " elements, the optimizer was built for ", numel_,
+              ". HINT: pass the same flat buffer (or ZeRO shard) the optimizer was made for");
+  DSCPP_CHECK(params.is_contiguous() && grads.is_contiguous(), Error, name(),
+              ".step: params and grads must be contiguous flat buffers");
+  DSCPP_CHECK(at::isFloatingType(params.scalar_type()) && at::isFloatingType(grads.scalar_type()),
+              Error, name(), ".step: params (", params.scalar_type(), ") and grads (",
+              grads.scalar_type(), ") must be floating point");
+  DSCPP_CHECK(params.device() == grads.device(), Error, name(), ".step: params on ",
+              params.device(), " but grads on ", grads.device());
+  if (any_state.defined()) {
+    DSCPP_CHECK(params.device() == any_state.device(), Error, name(), ".step: params on ",
+                params.device(), " but the optimizer state on ", any_state.device(),
+                ". HINT: make the optimizer with the options (device) of the buffer it updates");
+  }
+  DSCPP_CHECK(ctx.step >= 1, Error, name(), ".step: ctx.step is ", ctx.step,
+              "; it counts applied steps from 1");
+  DSCPP_CHECK(std::isfinite(ctx.lr) && ctx.lr >= 0.0, Error, name(), ".step: lr ", ctx.lr,
+              " must be finite and >= 0");
+  DSCPP_CHECK(std::isfinite(ctx.grad_scale) && ctx.grad_scale > 0.0, Error, name(),
+              ".step: grad_scale ", ctx.grad_scale, " must be finite and > 0");
+}
+
+namespace detail {
+
+std::optional<KernelPath> fused_path(const at::Tensor& params, const at::Tensor& grads,
+                                     std::initializer_list<at::Tensor> state) {
+  auto cpu_fp32 = [](const at::Tensor& t) {
+    return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous();
+  };
+  if (!cpu_fp32(params) || !cpu_fp32(grads)) return std::nullopt;
+  for (const at::Tensor& s : state) {
+    if (s.defined() && !cpu_fp32(s)) return std::nullopt;
+  }
+  const KernelPath path = active_kernel_path();
+  if (path == KernelPath::kTorch) return std::nullopt;
+  return path;
+}
+
+at::Tensor unscaled_grads(const at::Tensor& grads, const at::Tensor& like, double grad_scale) {
+  at::Tensor g = grads.scalar_type() == like.scalar_type() ? grads : grads.to(like.scalar_type());
+  if (grad_scale != 1.0) g = g * (1.0 / grad_scale);
+  return g;
+}
+
+std::pair<double, double> step_betas(const StepContext& ctx, const std::array<double, 2>& betas) {
+  if (ctx.betas_override) return *ctx.betas_override;
+  return {betas[0], betas[1]};
+}
+
+}  // namespace detail
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, int64_t numel,
+                                          at::TensorOptions options,
+                                          std::vector<std::pair<int64_t, int64_t>> segments) {
+  DSCPP_CHECK(numel >= 0, Error, "make_optimizer: numel ", numel, " < 0");
+  if (cfg.type == "Adam") return std::make_unique<Adam>(cfg.adam, numel, options);
+  if (cfg.type == "AdamW") return std::make_unique<AdamW>(cfg.adam, numel, options);
+  if (cfg.type == "SGD") return std::make_unique<SGD>(cfg.sgd, numel, options);
+  if (cfg.type == "Adagrad") return std::make_unique<Adagrad>(cfg.adagrad, numel, options);
+  if (cfg.type == "Lamb") {
+    return std::make_unique<Lamb>(cfg.lamb, numel, options, std::move(segments));
+  }
+  if (cfg.type == "Lion") return std::make_unique<Lion>(cfg.lion, numel, options);
+  DSCPP_CHECK(!cfg.type.empty(), ConfigError,
+              "optimizer: the config has no \"optimizer\" section. HINT: add one, e.g. "
+              "{\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3}}, or bring your own optimizer");
+  DSCPP_FAIL(ConfigError, "optimizer.type: '", cfg.type,
+             "' is not an optimizer dscpp implements. HINT: use Adam, AdamW, SGD, Adagrad, "
+             "Lamb or Lion");
+}
+
+}  // namespace dscpp::optim

@@ -1,0 +1,159 @@
+// `dscpp train` as real processes through `dscpp launch`: the equivalence backbone (world sizes
+// 1, 2, 3 x GAS 1, 2, 4 at the same train_batch_size reproduce the single-process losses and
+// final weights), the default run's accuracy, and the errors a user meets (unknown optimizer,
+// data too short, --init with wrong shapes, a loss that turns non-finite).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "dscpp/models/gpt.h"
+#include "dscpp/safetensors.h"
+#include "support/subprocess.h"
+
+namespace dscpp {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::free_port;
+using testing::run_command;
+
+const std::string kCli = DSCPP_CLI_PATH;
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/dscpp_train_XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+void write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+std::vector<double> losses_of(const std::string& metrics) {
+  std::vector<double> out;
+  std::ifstream f(metrics);
+  std::string line;
+  while (std::getline(f, line)) out.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+  return out;
+}
+
+at::Tensor flat_weights(const std::string& path) {
+  std::vector<at::Tensor> parts;
+  for (auto& [name, t] : safetensors::load(path).tensors) parts.push_back(t.reshape({-1}).to(at::kDouble));
+  return at::cat(parts);
+}
+
+const char* kModelArgs = " --n_layer 2 --n_head 2 --n_embd 32 --seed 5 --eval_problems 10";
+
+std::string config(int train_batch, int micro) {
+  return "{\"train_batch_size\": " + std::to_string(train_batch) +
+         ", \"train_micro_batch_size_per_gpu\": " + std::to_string(micro) +
+         ", \"steps_per_print\": 100, \"gradient_clipping\": 0.5,"
+         " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 3e-3, \"weight_decay\": 0.1}},"
+         " \"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_num_steps\": 4, "
+         "\"warmup_max_lr\": 3e-3}}}";
+}
+
+TEST(TrainEquivalence, WorldSizesAndGasReproduceTheSingleProcessRun) {
+  TempDir dir;
+  {
+    models::GPTConfig gc;
+    gc.vocab_size = 12;
+    gc.block_size = 18;
+    gc.n_layer = 2;
+    gc.n_head = 2;
+    gc.n_embd = 32;
+    models::GPT init(gc, 99);
+    safetensors::save(*init, dir.file("init.safetensors"));
+  }
+  const int B = 24, steps = 8;
+  auto run = [&](int world, int gas) {
+    std::string tag = "w" + std::to_string(world) + "g" + std::to_string(gas);
+    write(dir.file(tag + ".json"), config(B, B / (world * gas)));
+    auto r = run_command(kCli + " launch --num_procs " + std::to_string(world) + " --master_port " +
+                         std::to_string(free_port()) + " " + kCli + " train --config " +
+                         dir.file(tag + ".json") + kModelArgs + " --no_shuffle --steps " +
+                         std::to_string(steps) + " --init " + dir.file("init.safetensors") +
+                         " --metrics " + dir.file(tag + ".jsonl") + " --save_final " +
+                         dir.file(tag + ".safetensors"));
+    EXPECT_EQ(r.status, 0) << tag << "\n" << r.output;
+    return std::make_pair(losses_of(dir.file(tag + ".jsonl")), flat_weights(dir.file(tag + ".safetensors")));
+  };
+  auto [ref_losses, ref_weights] = run(1, 1);
+  ASSERT_EQ(ref_losses.size(), static_cast<size_t>(steps));
+  EXPECT_LT(ref_losses.back(), ref_losses.front());
+  for (auto [world, gas] : std::vector<std::pair<int, int>>{{1, 2}, {1, 4}, {2, 1}, {2, 2}, {2, 4},
+                                                             {3, 1}, {3, 2}, {3, 4}}) {
+    auto [losses, weights] = run(world, gas);
+    ASSERT_EQ(losses.size(), ref_losses.size()) << "world " << world << " gas " << gas;
+    for (int s = 0; s < steps; ++s) {
+      EXPECT_NEAR(losses[s], ref_losses[s], 1e-5 * std::abs(ref_losses[s]))
+          << "world " << world << " gas " << gas << " step " << s;
+    }
+    double err = (weights - ref_weights).abs().max().item<double>();
+    EXPECT_LE(err, 1e-5 * ref_weights.abs().max().item<double>())
+        << "world " << world << " gas " << gas << ": final weights differ by " << err;
+  }
+}
+
+TEST(Train, DefaultRunLearnsTheBuiltInTask) {
+  auto r = run_command(kCli + " launch --num_procs 2 --master_port " + std::to_string(free_port()) +
+                       " " + kCli + " train --config " + DSCPP_SOURCE_DIR "/examples/ds_config.json");
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex("held-out accuracy: ([0-9.]+)% of answer tokens")))
+      << r.output;
+  EXPECT_GE(std::stod(m[1]), 95.0) << r.output;
+  EXPECT_LT(r.seconds, 180) << r.output;
+}
+
+TEST(Train, BadInputIsAClearErrorAndNoRankIsLeftRunning) {
+  TempDir dir;
+  auto launch = [&](const std::string& cfg_json, const std::string& extra, int steps = 3) {
+    write(dir.file("c.json"), cfg_json);
+    return run_command(kCli + " launch --num_procs 2 --master_port " + std::to_string(free_port()) +
+                       " " + kCli + " train --config " + dir.file("c.json") + kModelArgs +
+                       " --steps " + std::to_string(steps) + " " + extra);
+  };
+  std::string good = config(8, 4);
+  // Unknown optimizer type.
+  auto r = launch("{\"train_batch_size\": 8, \"optimizer\": {\"type\": \"Adamm\", \"params\": {}}}", "");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("Adamm"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Adam"), std::string::npos) << r.output;
+  // A data file too short for one optimizer step.
+  write(dir.file("short.txt"), "too short for a batch");
+  r = launch(good, "--data " + dir.file("short.txt") + " --block_size 16");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("short.txt"), std::string::npos) << r.output;
+  // --init with the wrong shapes.
+  {
+    models::GPTConfig gc;
+    gc.vocab_size = 12;
+    gc.block_size = 18;
+    gc.n_layer = 2;
+    gc.n_head = 2;
+    gc.n_embd = 16;  // the run uses 32
+    models::GPT other(gc, 1);
+    safetensors::save(*other, dir.file("wrong.safetensors"));
+  }
+  r = launch(good, "--init " + dir.file("wrong.safetensors"));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("wte.weight"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 60) << r.output;
+  // A learning rate that blows the loss up: every rank stops with the step named.
+  r = launch("{\"train_batch_size\": 8, \"optimizer\": {\"type\": \"SGD\", \"params\": {\"lr\": 1e30}}}",
+             "", 20);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("non-finite"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 60) << r.output;
+}
+
+}  // namespace
+}  // namespace dscpp

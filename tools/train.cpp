@@ -1,0 +1,171 @@
+// dscpp train: trains the built-in GPT through the engine, the project's main job. Run it on
+// several processes with `dscpp launch`. Data: the built-in reversal task (no --data; ends by
+// printing held-out accuracy), the bytes of a text file (--data FILE.txt, vocab 256), or raw
+// little-endian uint16 tokens (--data FILE.bin). The batches follow the data contract in
+// include/dscpp/data.h, so another framework can reproduce a run (--no_shuffle).
+#include <ATen/ATen.h>
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <fstream>
+#include <iostream>
+
+#include "dscpp/data.h"
+#include "dscpp/engine.h"
+#include "dscpp/error.h"
+#include "dscpp/models/gpt.h"
+#include "dscpp/safetensors.h"
+#include "tools.h"
+#include "util/log.h"
+
+namespace dscpp::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct TrainArgs {
+  std::string config, data, init, save_final, metrics, level;
+  int64_t n_layer = 2, n_head = 4, n_embd = 64, block_size = 0, vocab_size = 0;
+  int64_t steps = 300, eval_problems = 2000;
+  uint64_t seed = 1234;
+  bool no_shuffle = false;
+};
+
+std::string fmt_eta(double s) {
+  int t = static_cast<int>(s + 0.5);
+  return t >= 60 ? fmt::format("{}m{:02d}s", t / 60, t % 60) : fmt::format("{}s", t);
+}
+
+}  // namespace
+
+int train_main(int argc, char** argv) {
+  CLI::App app{"dscpp train: train the built-in GPT with a DeepSpeed config"};
+  TrainArgs a;
+  app.add_option("--config", a.config, "DeepSpeed JSON config (file or JSON text)")->required();
+  app.add_option("--n_layer", a.n_layer, "transformer blocks")->capture_default_str();
+  app.add_option("--n_head", a.n_head, "attention heads")->capture_default_str();
+  app.add_option("--n_embd", a.n_embd, "embedding width")->capture_default_str();
+  app.add_option("--block_size", a.block_size, "sequence length T (default: the task's, or 64 for --data)");
+  app.add_option("--vocab_size", a.vocab_size, "vocabulary (default: the data's)");
+  app.add_option("--data", a.data, "FILE.txt (bytes) or FILE.bin (uint16 tokens); none: built-in task");
+  app.add_option("--steps", a.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--seed", a.seed, "model init, data generation and shuffling")->capture_default_str();
+  app.add_flag("--no_shuffle", a.no_shuffle, "step s trains on samples (s*B + i) mod num_samples");
+  app.add_option("--init", a.init, "initial weights (safetensors, by parameter name)");
+  app.add_option("--save_final", a.save_final, "write the final weights as fp32 safetensors (rank 0)");
+  app.add_option("--metrics", a.metrics, "JSON lines, one per optimizer step (rank 0)");
+  app.add_option("--eval_problems", a.eval_problems, "held-out problems for the built-in task's accuracy");
+  app.add_option("--log_level", a.level, "debug|info|warning|error");
+  CLI11_PARSE(app, argc, argv);
+  if (!a.level.empty()) set_log_level(parse_log_level(a.level));
+  DSCPP_CHECK(a.steps > 0, ConfigError, "--steps must be > 0");
+
+  Config config = Config::parse(a.config);
+  auto comm = comm::init_from_env(comm::CommOptions::from_config(&config));
+  const int rank = comm->rank();
+
+  // Data first: it fixes the vocabulary and, for the built-in task, the block size.
+  std::shared_ptr<data::TokenStream> stream;
+  std::shared_ptr<data::ReverseTask> task;
+  if (a.data.empty()) {
+    data::ReverseTaskOptions to;
+    to.seed = a.seed;
+    task = std::make_shared<data::ReverseTask>(to);
+    stream = task;
+    if (a.block_size == 0) a.block_size = task->block_size();
+    DSCPP_CHECK(a.block_size == task->block_size(), ConfigError, "--block_size ", a.block_size,
+                " does not fit the built-in task, whose problems are ", task->block_size(),
+                " tokens long. HINT: leave --block_size out, or train on --data");
+  } else {
+    stream = data::open_token_file(a.data, a.vocab_size);
+    if (a.block_size == 0) a.block_size = 64;
+  }
+  if (a.vocab_size == 0) a.vocab_size = stream->vocab_size();
+  DSCPP_CHECK(a.vocab_size >= stream->vocab_size(), ConfigError, "--vocab_size ", a.vocab_size,
+              " is smaller than the data's vocabulary ", stream->vocab_size());
+
+  models::GPTConfig gc;
+  gc.vocab_size = a.vocab_size;
+  gc.block_size = a.block_size;
+  gc.n_layer = a.n_layer;
+  gc.n_head = a.n_head;
+  gc.n_embd = a.n_embd;
+  models::GPT model(gc, a.seed);
+  // Only rank 0 reads --init (the file may exist on its host alone); the engine broadcasts
+  // rank 0's weights to every rank.
+  if (!a.init.empty() && rank == 0) safetensors::load_into(*model, a.init);
+
+  InitOptions io;
+  io.comm = comm;
+  Engine engine(model.ptr(), config, io);
+  engine.set_tokens_per_sample(a.block_size);
+  data::BatchLayout layout{engine.train_batch_size(), engine.train_micro_batch_size_per_gpu(),
+                           engine.world_size(), engine.gradient_accumulation_steps()};
+  data::Loader loader(data::Dataset(stream, a.block_size), layout, !a.no_shuffle, a.seed);
+  if (rank == 0) {
+    DSCPP_LOG_INFO("training GPT ({} parameters; {}) on {} ({} samples of {} tokens) for {} steps",
+                   gc.num_parameters(), gc.to_string(), stream->name(),
+                   loader.dataset().num_samples(), a.block_size, a.steps);
+  }
+
+  std::ofstream metrics;
+  if (rank == 0 && !a.metrics.empty()) {
+    metrics.open(a.metrics);
+    DSCPP_CHECK(metrics.good(), IoError, "cannot write --metrics file ", a.metrics);
+  }
+  const auto start = Clock::now();
+  // Steady-state throughput excludes the first steps (allocator and thread warm-up).
+  const int64_t warmup_steps = std::min<int64_t>(5, a.steps - 1);
+  auto steady_start = start;
+  const int64_t progress_every = std::max<int64_t>(1, a.steps / 20);
+  for (int64_t s = 0; s < a.steps; ++s) {
+    comm->set_step(s);
+    for (int64_t k = 0; k < engine.gradient_accumulation_steps(); ++k) {
+      data::Batch b = loader.micro_batch(s, rank, k);
+      at::Tensor loss = model->loss(b.inputs, b.targets);
+      engine.backward(loss);
+      engine.step();
+    }
+    if (s + 1 == warmup_steps) steady_start = Clock::now();
+    const StepStats& st = engine.last_step();
+    if (rank != 0) continue;
+    if (metrics.is_open()) {
+      metrics << fmt::format("{{\"step\": {}, \"loss\": {:.9g}, \"lr\": {:.9g}, \"grad_norm\": {:.9g}, "
+                             "\"samples_per_s\": {:.6g}}}\n",
+                             st.step, st.loss, st.lr, st.grad_norm, st.samples_per_s);
+    }
+    if ((s + 1) % progress_every == 0 || s + 1 == a.steps) {
+      double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+      double tok_s = (s + 1) * engine.train_batch_size() * a.block_size / elapsed;
+      std::cout << fmt::format("step {:>5}/{} | loss {:.4f} | {:.0f} tokens/s | ETA {}", s + 1,
+                               a.steps, st.loss, tok_s, fmt_eta(elapsed / (s + 1) * (a.steps - s - 1)))
+                << std::endl;
+    }
+  }
+  const double steady_s = std::chrono::duration<double>(Clock::now() - steady_start).count();
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  std::cout << fmt::format("rank {}: peak RSS {:.1f} MiB", rank, ru.ru_maxrss / 1024.0) << std::endl;
+  if (rank == 0) {
+    std::cout << fmt::format("throughput: {:.1f} tokens/s over steps {}..{} (after {} warm-up steps)",
+                             (a.steps - warmup_steps) * engine.train_batch_size() * a.block_size / steady_s,
+                             warmup_steps + 1, a.steps, warmup_steps)
+              << std::endl;
+    if (task) {
+      auto held_out = data::ReverseTask(task->options().held_out_set(a.eval_problems));
+      auto acc = data::accuracy(*model, held_out, a.eval_problems);
+      std::cout << fmt::format("held-out accuracy: {:.2f}% of answer tokens, {:.2f}% of whole "
+                               "answers ({} problems)",
+                               100 * acc.token_accuracy, 100 * acc.sequence_accuracy, acc.problems)
+                << std::endl;
+    }
+    if (!a.save_final.empty()) safetensors::save(*model, a.save_final, gc.to_metadata());
+  }
+  comm->barrier()->wait();
+  return 0;
+}
+
+}  // namespace dscpp::tools
