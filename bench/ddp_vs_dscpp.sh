@@ -2,18 +2,21 @@
 # Throughput of `dscpp train` (stage 0) against PyTorch DDP (python3-torch 1.13.1, gloo,
 # torch.optim.AdamW) on the same GPT, batch, sequence length, data and threads: 2 ranks, one
 # intra-op thread each, runs alternated A B A B ..., medians and the per-pair ratio.
-#   bench/ddp_vs_dscpp.sh [ROUNDS] [STEPS]     (needs build/ and ../shared/data/tinyshakespeare.txt)
+#   [L=4 H=4 C=256 T=128 MB=8 BUCKET=500000] bench/ddp_vs_dscpp.sh [ROUNDS] [STEPS]
+# (model layers/heads/width, sequence length, micro-batch per rank, and the bucket size in fp32
+# elements for both: dscpp's reduce_bucket_size and DDP's bucket_cap_mb; the default is DDP's
+# 25 MiB. Needs build/ and ../shared/data/tinyshakespeare.txt)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
 STEPS=${2:-40}
 DATA=${DATA:-../shared/data/tinyshakespeare.txt}
-L=4 H=4 C=256 T=128 MB=8
+L=${L:-4} H=${H:-4} C=${C:-256} T=${T:-128} MB=${MB:-8} BUCKET=${BUCKET:-6553600}
 CFG=$(mktemp /tmp/ddp_bench_XXXXXX.json)
 trap 'rm -f "$CFG"' EXIT
 cat >"$CFG" <<JSON
 {"train_batch_size": $((MB * 2)), "train_micro_batch_size_per_gpu": $MB, "steps_per_print": 1000,
- "gradient_clipping": 1.0, "zero_optimization": {"stage": 0, "reduce_bucket_size": 25000000},
+ "gradient_clipping": 1.0, "zero_optimization": {"stage": 0, "reduce_bucket_size": $BUCKET},
  "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.01}}}
 JSON
 export OMP_NUM_THREADS=1
@@ -25,7 +28,8 @@ for r in $(seq "$ROUNDS"); do
   a=$(build/dscpp launch --num_procs 2 --master_port $((port++)) build/dscpp train --config "$CFG" \
       --data "$DATA" --n_layer $L --n_head $H --n_embd $C --block_size $T --steps "$STEPS" --no_shuffle 2>&1)
   b=$(build/dscpp launch --num_procs 2 --master_port $((port++)) /usr/bin/python3 bench/ddp_gpt.py \
-      --data "$DATA" --n_layer $L --n_head $H --n_embd $C --block_size $T --micro_batch $MB --steps "$STEPS" 2>&1)
+      --data "$DATA" --n_layer $L --n_head $H --n_embd $C --block_size $T --micro_batch $MB --steps "$STEPS" \
+      --bucket_cap_mb "$(awk -v b="$BUCKET" 'BEGIN {print b * 4 / 1048576}')" 2>&1)
   ta=$(tput <<<"$a"); tb=$(tput <<<"$b")
   printf '| %s | %s | %s | %.3f | %s | %s |\n' "$r" "$ta" "$tb" "$(awk -v a="$ta" -v b="$tb" 'BEGIN {print a / b}')" "$(rss <<<"$a")" "$(rss <<<"$b")"
 done

@@ -118,6 +118,8 @@ class Engine {
 
  private:
   void apply_step(double grad_scale_for_partial);
+  // Writes this rank's window statistics where the gradient all-reduce sums them.
+  void write_side_channel();
   void log_step() const;
 
   std::shared_ptr<torch::nn::Module> model_;

@@ -72,7 +72,10 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, Config config, InitOpti
   ro.reduce_bucket_size = config_.zero_optimization.reduce_bucket_size;
   ro.prescale_gradients = config_.prescale_gradients;
   ro.gradient_predivide_factor = config_.gradient_predivide_factor;
-  reducer_ = std::make_unique<engine::GradReducer>(params, names, *comm_, ro);
+  // Side channel (NOTE [side channel] in grad_reducer.h): [0] the window's loss sum, [1 + r] 1
+  // when rank r saw a non-finite loss.
+  reducer_ = std::make_unique<engine::GradReducer>(params, names, *comm_, ro,
+                                                   1 + comm_->world_size());
 
   // Ranks start identical whatever their seeds: parameters and buffers from rank 0.
   std::vector<comm::WorkHandle> works{comm_->broadcast(reducer_->flat_params(), 0)};
@@ -135,7 +138,9 @@ void Engine::backward(const at::Tensor& loss) {
   DSCPP_LOG_DEBUG("micro step {}/{} (global step {}): backward{}",
                   micro_steps_ % gradient_accumulation_steps() + 1, gradient_accumulation_steps(),
                   global_steps_, boundary && !no_sync_depth_ ? " + gradient all-reduce" : "");
-  reducer_->prepare_backward(boundary && no_sync_depth_ == 0);
+  const bool reduce = boundary && no_sync_depth_ == 0;
+  if (reduce) write_side_channel();
+  reducer_->prepare_backward(reduce);
   // The gradient applied at the boundary is the mean over the global batch: each micro-batch
   // loss is a mean over its samples, so scale by 1/GAS here and average over ranks.
   (loss / static_cast<double>(gradient_accumulation_steps())).backward();
@@ -163,6 +168,7 @@ void Engine::flush_accumulation() {
   DSCPP_LOG_INFO("flushing a partial accumulation window: {} of {} micro-steps", window_micro_steps_, gas);
   // Gradients were scaled by 1/GAS per micro-step; the mean over the micro-steps taken needs
   // GAS / taken.
+  write_side_channel();
   reducer_->reduce_all_now();
   apply_step(static_cast<double>(gas) / window_micro_steps_);
   micro_steps_ += gas - (micro_steps_ % gas);  // the next micro-step starts a new window
@@ -173,22 +179,21 @@ void Engine::apply_step(double grad_rescale) {
   at::Tensor grads = reducer_->flat_grads();
   if (grad_rescale != 1.0) grads.mul_(grad_rescale);
 
-  // 1. The loss over the global batch, and whether any rank saw a non-finite one.
+  // 1. The loss over the global batch, and whether any rank saw a non-finite one: summed over
+  // ranks with the gradients (NOTE [side channel]).
   const int world = comm_->world_size();
-  at::Tensor stats = at::zeros({world + 1}, at::kDouble);
-  stats[0] = window_loss_sum_;
-  stats[1 + comm_->rank()] = static_cast<double>(window_nonfinite_);
-  comm_->all_reduce(stats)->wait();
+  at::Tensor stats = reducer_->side_channel().to(at::kDouble);
+  const double* st = stats.data_ptr<double>();
   std::string bad;
   for (int r = 0; r < world; ++r) {
-    if (stats[1 + r].item<double>() > 0) bad += (bad.empty() ? "" : ",") + std::to_string(r);
+    if (st[1 + r] > 0) bad += (bad.empty() ? "" : ",") + std::to_string(r);
   }
   DSCPP_CHECK(bad.empty(), Error, "non-finite loss at optimizer step ", global_steps_ + 1,
               " on rank(s) ", bad,
               "; the step is not applied. HINT: lower the learning rate, enable "
               "gradient_clipping, or look at the data of that step (fp16 training skips such "
               "steps through its loss scaler)");
-  const double loss = stats[0].item<double>() / (window_micro_steps_ * world);
+  const double loss = st[0] / (window_micro_steps_ * world);
 
   // 2. Global gradient norm (stage 0: every rank holds the whole averaged gradient).
   const double grad_norm = grads.norm().item<double>();
@@ -231,6 +236,13 @@ void Engine::apply_step(double grad_rescale) {
   window_nonfinite_ = 0;
   t_backward_ = t_reduce_wait_ = t_optimizer_ = 0;
   window_start_ = Clock::now();
+}
+
+void Engine::write_side_channel() {
+  at::Tensor side = reducer_->side_channel();
+  side.zero_();
+  side[0] = window_loss_sum_;
+  side[1 + comm_->rank()] = static_cast<float>(window_nonfinite_);
 }
 
 void Engine::log_step() const {

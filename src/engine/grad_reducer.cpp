@@ -30,7 +30,8 @@ class ReadyHook final : public torch::autograd::FunctionPostHook {
 }  // namespace
 
 GradReducer::GradReducer(std::vector<at::Tensor> params, std::vector<std::string> names,
-                         comm::Communicator& comm, GradReduceOptions options)
+                         comm::Communicator& comm, GradReduceOptions options,
+                         int64_t side_channel)
     : params_(std::move(params)), names_(std::move(names)), comm_(comm), options_(options) {
   DSCPP_CHECK(!params_.empty(), ConfigError,
               "the model has no trainable parameters (requires_grad). HINT: nothing to train");
@@ -52,7 +53,9 @@ GradReducer::GradReducer(std::vector<at::Tensor> params, std::vector<std::string
   }
   auto opts = params_[0].options().requires_grad(false);
   flat_params_ = at::empty({total}, opts);
-  flat_grads_ = at::zeros({total}, opts);
+  grad_storage_ = at::zeros({total + side_channel}, opts);
+  flat_grads_ = grad_storage_.narrow(0, 0, total);
+  side_channel_ = grad_storage_.narrow(0, total, side_channel);
   {
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -134,18 +137,17 @@ void GradReducer::launch_in_order_locked() {
 void GradReducer::launch(Bucket& b) {
   // DeepSpeed's order of scaling (engine.allreduce_bucket): with prescale_gradients divide by
   // the world size before summing; otherwise divide by gradient_predivide_factor before and
-  // multiply by predivide / world after. Both give the mean over ranks.
+  // multiply by predivide / world after (finish_backward). Both give the mean over ranks.
   auto slice = flat_grads_.narrow(0, b.offset, b.numel);
-  const double world = comm_.world_size();
   const double pre = options_.gradient_predivide_factor;
+  if (options_.prescale_gradients) slice.div_(comm_.world_size());
+  else if (pre != 1.0) slice.mul_(1.0 / pre);
+  // The bucket at the end of the buffer carries the side channel (NOTE [side channel]).
+  const bool last = b.offset + b.numel == flat_grads_.numel();
+  const int64_t extra = last ? side_channel_.numel() : 0;
   b.launched = true;
-  if (options_.prescale_gradients) {
-    slice.div_(world);
-    works_.push_back(comm_.all_reduce(slice, comm::ReduceOp::sum));
-  } else {
-    if (pre != 1.0) slice.mul_(1.0 / pre);
-    works_.push_back(comm_.all_reduce(slice, comm::ReduceOp::sum));
-  }
+  works_.push_back(comm_.all_reduce(grad_storage_.narrow(0, b.offset, b.numel + extra),
+                                    comm::ReduceOp::sum));
 }
 
 double GradReducer::finish_backward() {
@@ -172,6 +174,6 @@ void GradReducer::reduce_all_now() {
   finish_backward();
 }
 
-void GradReducer::zero_grads() { flat_grads_.zero_(); }
+void GradReducer::zero_grads() { grad_storage_.zero_(); }
 
 }  // namespace dscpp::engine

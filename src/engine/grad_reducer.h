@@ -13,6 +13,11 @@
 // order (a parameter unused on one rank only cannot reorder them). Buckets still pending
 // when backward returns (unused parameters) are launched then, in order.
 //
+// NOTE [side channel]: the gradient buffer has `side_channel` extra elements after the last
+// parameter. They ride along in the first bucket launched (the one at the end of the buffer)
+// and are summed over ranks but never scaled, so the engine gets per-step statistics (the
+// window's loss, which ranks saw a non-finite one) without a collective of their own.
+//
 // Threading: hooks run on the autograd thread(s); the bucket state is guarded by a mutex.
 #pragma once
 
@@ -39,7 +44,7 @@ class GradReducer {
   // `params`: the trainable parameters, distinct, fp32, contiguous-able, on one device.
   // Replaces each parameter's storage by a view into the flat buffer (values kept).
   GradReducer(std::vector<at::Tensor> params, std::vector<std::string> names,
-              comm::Communicator& comm, GradReduceOptions options);
+              comm::Communicator& comm, GradReduceOptions options, int64_t side_channel = 0);
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
@@ -55,6 +60,8 @@ class GradReducer {
 
   at::Tensor flat_params() const { return flat_params_; }  // [numel] fp32
   at::Tensor flat_grads() const { return flat_grads_; }    // [numel] fp32
+  // [side_channel] fp32: written before a reducing backward, summed over ranks by it.
+  at::Tensor side_channel() const { return side_channel_; }
   int64_t numel() const { return flat_params_.numel(); }
   const std::vector<at::Tensor>& params() const { return params_; }
   const std::vector<std::string>& names() const { return names_; }
@@ -83,6 +90,8 @@ class GradReducer {
   GradReduceOptions options_;
   at::Tensor flat_params_;
   at::Tensor flat_grads_;
+  at::Tensor side_channel_;
+  at::Tensor grad_storage_;  // [numel + side_channel]: flat_grads_ and side_channel_ are views
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_param_;
   std::vector<std::shared_ptr<void>> accumulators_;  // keeps the hooked grad accumulators alive

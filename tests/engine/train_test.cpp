@@ -102,6 +102,52 @@ TEST(TrainEquivalence, WorldSizesAndGasReproduceTheSingleProcessRun) {
   }
 }
 
+// The golden reference from PyTorch itself: tests/golden/gpt_reference.py trains the same GPT
+// from the same init on the same batches with torch.optim.AdamW, clipping and WarmupLR in one
+// process; dscpp train on 1 rank and on 2 ranks x GAS 2 must follow it step by step.
+TEST(TrainGolden, MatchesPyTorchStepByStep) {
+  TempDir dir;
+  models::GPTConfig gc;
+  gc.vocab_size = 12;
+  gc.block_size = 18;
+  gc.n_layer = 2;
+  gc.n_head = 2;
+  gc.n_embd = 32;
+  {
+    models::GPT init(gc, 7);
+    safetensors::save(*init, dir.file("init.safetensors"), gc.to_metadata());
+  }
+  const int steps = 10;
+  write(dir.file("cfg.json"), config(16, 16));
+  auto py = run_command("/usr/bin/python3 " DSCPP_SOURCE_DIR "/tests/golden/gpt_reference.py train --weights " +
+                        dir.file("init.safetensors") + " --config " + dir.file("cfg.json") +
+                        " --data-spec builtin:seed=5 --steps " + std::to_string(steps) + " --out " +
+                        dir.file("py.jsonl") + " --out-weights " + dir.file("py.safetensors"));
+  ASSERT_EQ(py.status, 0) << "the PyTorch reference failed (run scripts/setup.sh for python3-torch)\n"
+                          << py.output;
+  auto py_losses = losses_of(dir.file("py.jsonl"));
+  auto py_weights = flat_weights(dir.file("py.safetensors"));
+  ASSERT_EQ(py_losses.size(), static_cast<size_t>(steps));
+  for (auto [world, micro] : std::vector<std::pair<int, int>>{{1, 16}, {2, 4}}) {
+    std::string tag = "w" + std::to_string(world);
+    write(dir.file(tag + ".json"), config(16, micro));
+    auto r = run_command(kCli + " launch --num_procs " + std::to_string(world) + " --master_port " +
+                         std::to_string(free_port()) + " " + kCli + " train --config " +
+                         dir.file(tag + ".json") + kModelArgs + " --no_shuffle --steps " +
+                         std::to_string(steps) + " --init " + dir.file("init.safetensors") +
+                         " --metrics " + dir.file(tag + ".jsonl") + " --save_final " +
+                         dir.file(tag + ".safetensors"));
+    ASSERT_EQ(r.status, 0) << r.output;
+    auto losses = losses_of(dir.file(tag + ".jsonl"));
+    ASSERT_EQ(losses.size(), py_losses.size());
+    for (int s = 0; s < steps; ++s)
+      EXPECT_NEAR(losses[s], py_losses[s], 1e-5 * std::abs(py_losses[s])) << tag << " step " << s;
+    auto weights = flat_weights(dir.file(tag + ".safetensors"));
+    double err = (weights - py_weights).abs().max().item<double>();
+    EXPECT_LE(err, 1e-4 * py_weights.abs().max().item<double>()) << tag << ": weights differ by " << err;
+  }
+}
+
 TEST(Train, DefaultRunLearnsTheBuiltInTask) {
   auto r = run_command(kCli + " launch --num_procs 2 --master_port " + std::to_string(free_port()) +
                        " " + kCli + " train --config " + DSCPP_SOURCE_DIR "/examples/ds_config.json");

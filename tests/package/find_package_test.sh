@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds examples/allreduce as a separate CMake project with find_package(dscpp), against the
+# Builds examples/ (allreduce_example, my_trainer) as a separate CMake project with find_package(dscpp), against the
 # build tree ($1 = build dir) or an install of it ($2 = "install"), then runs it on 2 ranks.
 set -euo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
@@ -9,10 +9,10 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 if [ "$mode" = install ]; then
   cmake --install "$build" --prefix "$work/prefix" >/dev/null
-  cmake -S "$src/examples/allreduce" -B "$work/ex" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+  cmake -S "$src/examples" -B "$work/ex" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
   dscpp="$work/prefix/bin/dscpp"
 else
-  cmake -S "$src/examples/allreduce" -B "$work/ex" -G Ninja -Ddscpp_DIR="$build" >/dev/null
+  cmake -S "$src/examples" -B "$work/ex" -G Ninja -Ddscpp_DIR="$build" >/dev/null
   dscpp="$build/dscpp"
 fi
 cmake --build "$work/ex" >/dev/null
@@ -21,4 +21,7 @@ out=$("$dscpp" launch --num_procs 2 --master_port $port "$work/ex/allreduce_exam
 echo "$out"
 grep -q "rank 0 of 2: mean of ranks = 0.5" <<<"$out"
 grep -q "rank 1 of 2: mean of ranks = 0.5" <<<"$out"
+out=$("$dscpp" launch --num_procs 2 --master_port $((port + 1)) "$work/ex/my_trainer" 2>&1)
+echo "$out"
+grep -q "trained 600 steps on 2 ranks" <<<"$out"
 echo "find_package($mode): ok"
