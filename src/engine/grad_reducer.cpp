@@ -83,14 +83,17 @@ GradReducer::GradReducer(std::vector<at::Tensor> params, std::vector<std::string
     auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
     DSCPP_CHECK(acc, Error, "parameter '", names_[i], "' has no gradient accumulator");
     int index = static_cast<int>(i);
-    acc->add_post_hook(std::make_unique<ReadyHook>([this, index] { on_grad_ready(index); }));
-    accumulators_.push_back(acc);
+    uintptr_t key =
+        acc->add_post_hook(std::make_unique<ReadyHook>([this, index] { on_grad_ready(index); }));
+    hooks_.emplace_back(acc, key);
   }
   DSCPP_LOG_DEBUG("gradient buckets: {} over {} parameters ({} elements, reduce_bucket_size {})",
                   buckets_.size(), params_.size(), total, options_.reduce_bucket_size);
 }
 
-GradReducer::~GradReducer() = default;
+GradReducer::~GradReducer() {
+  for (auto& [acc, key] : hooks_) acc->del_post_hook(key);
+}
 
 void GradReducer::reattach_grads() {
   // A user's model->zero_grad() (set_to_none in libtorch 2.x) or optimizer may have replaced a

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/function.h>
 
 #include <memory>
 #include <mutex>
@@ -94,7 +95,9 @@ class GradReducer {
   at::Tensor grad_storage_;  // [numel + side_channel]: flat_grads_ and side_channel_ are views
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_param_;
-  std::vector<std::shared_ptr<void>> accumulators_;  // keeps the hooked grad accumulators alive
+  // The hooked gradient accumulators (kept alive) and their hook keys, removed on destruction so
+  // a model that outlives its engine never calls into a dead reducer.
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
 
   std::mutex mu_;
   bool reducing_ = false;

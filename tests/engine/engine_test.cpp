@@ -218,6 +218,25 @@ TEST(Engine, NonFiniteLossOnOneRankStopsEveryRankNamingIt) {
   }
 }
 
+// Regression: the gradient hooks must not outlive the engine that installed them.
+TEST(Engine, ModelOutlivesItsEngine) {
+  auto errors = run_thread_ranks(1, [&](Communicator& c) {
+    Net net = make_net(3);
+    {
+      InitOptions opts;
+      opts.comm = std::shared_ptr<Communicator>(&c, [](Communicator*) {});
+      opts.optimizer = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1));
+      auto engine = initialize(net.ptr(), config_json(2, 2), opts);
+      engine->backward(at::mse_loss(net->forward(dataset_x().narrow(0, 0, 2)), dataset_y().narrow(0, 0, 2)));
+      engine->step();
+    }
+    // Plain libtorch training of the same model afterwards.
+    at::mse_loss(net->forward(dataset_x().narrow(0, 0, 2)), dataset_y().narrow(0, 0, 2)).backward();
+    EXPECT_TRUE(net->fc1->weight.grad().defined());
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+}
+
 TEST(Engine, ConfigErrorsAreClear) {
   auto errors = run_thread_ranks(1, [&](Communicator& c) {
     Net net = make_net(1);
