@@ -64,7 +64,10 @@ int train_main(int argc, char** argv) {
   DSCPP_CHECK(a.steps > 0, ConfigError, "--steps must be > 0");
 
   Config config = Config::parse(a.config);
-  auto comm = comm::init_from_env(comm::CommOptions::from_config(&config));
+  // The built-in GPT trains on the CPU, so "auto" means Gloo even on a host with CUDA.
+  auto comm_options = comm::CommOptions::from_config(&config);
+  if (comm_options.backend == "auto") comm_options.backend = "gloo";
+  auto comm = comm::init_from_env(comm_options);
   const int rank = comm->rank();
 
   // Data first: it fixes the vocabulary and, for the built-in task, the block size.

@@ -79,12 +79,14 @@ class Engine {
   void step();
 
   // At the end of an epoch whose micro-batches do not fill the last accumulation window:
-  // averages what was accumulated (over the micro-steps actually taken) and applies one
-  // optimizer step. A no-op at a boundary. Every rank must call it at the same point.
+  // averages what was accumulated over the micro-batches actually taken on all ranks (ranks may
+  // have taken different numbers) and applies one optimizer step; no step when no rank took
+  // any. A collective: every rank must call it at the same point.
   void flush_accumulation();
 
   // RAII scope in which backward() does not average gradients over ranks, even at a boundary
-  // (DDP's no_sync). Calling step() at a boundary inside it is an error, as in DeepSpeed.
+  // (DDP's no_sync). Calling step() at a boundary inside it is an error, as in DeepSpeed; a
+  // boundary backward inside it followed by step() outside averages at the step.
   class NoSync {
    public:
     explicit NoSync(Engine& e);
@@ -117,7 +119,11 @@ class Engine {
   void set_tokens_per_sample(int64_t tokens) { tokens_per_sample_ = tokens; }
 
  private:
-  void apply_step(double grad_scale_for_partial);
+  // The boundary's update, from gradients already averaged over ranks (see step()). On a
+  // non-finite loss or gradient it drops the window's gradients and throws.
+  void apply_step();
+  // Zeroes the gradients and resets the window's counters and timers.
+  void abandon_window();
   // Writes this rank's window statistics where the gradient all-reduce sums them.
   void write_side_channel();
   void log_step() const;
@@ -136,6 +142,7 @@ class Engine {
   int64_t window_micro_steps_ = 0;  // micro-steps backpropagated in the current window
   double window_loss_sum_ = 0;      // sum of this rank's micro-batch losses in the window
   int window_nonfinite_ = 0;        // of which non-finite
+  bool window_reduced_ = false;     // the boundary backward averaged gradients over ranks
   int no_sync_depth_ = 0;
   int64_t tokens_per_sample_ = 0;
   std::chrono::steady_clock::time_point window_start_;

@@ -178,12 +178,13 @@ void C10dCommunicator::run_task(Task& task) {
     task.state->finish(broken_);
     return;
   }
-  monitor_.on_enter(task.seq, task.desc, step_);
+  // Point-to-point ops are not collectives: the record keeps the last collective.
+  if (task.collective) monitor_.on_enter(task.seq, task.desc, step_);
   auto t0 = std::chrono::steady_clock::now();
   try {
     if (task.collective && options_.debug_sync) check_same_op_everywhere(task.seq, task.desc);
     auto pending = task.body(task.seq);
-    monitor_.on_complete(task.seq);
+    if (task.collective) monitor_.on_complete(task.seq);
     if (!pending) logger_.record(task.desc, task.desc.bytes(), std::chrono::steady_clock::now() - t0);
     task.state->finish(nullptr, std::move(pending));
     return;

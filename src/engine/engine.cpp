@@ -72,10 +72,10 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, Config config, InitOpti
   ro.reduce_bucket_size = config_.zero_optimization.reduce_bucket_size;
   ro.prescale_gradients = config_.prescale_gradients;
   ro.gradient_predivide_factor = config_.gradient_predivide_factor;
-  // Side channel (NOTE [side channel] in grad_reducer.h): [0] the window's loss sum, [1 + r] 1
-  // when rank r saw a non-finite loss.
+  // Side channel (NOTE [side channel] in grad_reducer.h): [0] the window's loss sum, [1] its
+  // micro-steps, [2 + r] 1 when rank r saw a non-finite loss.
   reducer_ = std::make_unique<engine::GradReducer>(params, names, *comm_, ro,
-                                                   1 + comm_->world_size());
+                                                   2 + comm_->world_size());
 
   // Ranks start identical whatever their seeds: parameters and buffers from rank 0.
   std::vector<comm::WorkHandle> works{comm_->broadcast(reducer_->flat_params(), 0)};
@@ -143,8 +143,16 @@ void Engine::backward(const at::Tensor& loss) {
   reducer_->prepare_backward(reduce);
   // The gradient applied at the boundary is the mean over the global batch: each micro-batch
   // loss is a mean over its samples, so scale by 1/GAS here and average over ranks.
-  (loss / static_cast<double>(gradient_accumulation_steps())).backward();
+  try {
+    (loss / static_cast<double>(gradient_accumulation_steps())).backward();
+  } catch (...) {
+    // The other ranks go on reducing: launch and finish this rank's buckets too, so the
+    // collectives stay in step, then report the error.
+    reducer_->finish_backward();
+    throw;
+  }
   t_reduce_wait_ += reducer_->finish_backward();
+  window_reduced_ = reduce;
   t_backward_ += seconds_since(t0);
 }
 
@@ -157,46 +165,82 @@ void Engine::step() {
     DSCPP_CHECK(window_micro_steps_ == gradient_accumulation_steps(), Error, "step() at the "
                 "boundary after ", window_micro_steps_, " backward() calls in this window, "
                 "expected ", gradient_accumulation_steps(), " (one per micro-step)");
-    apply_step(1.0);
+    if (!window_reduced_) {
+      // The boundary backward ran inside no_sync(): average what was accumulated now, as DDP
+      // does at the next synchronising backward.
+      write_side_channel();
+      reducer_->reduce_all_now();
+    }
+    try {
+      apply_step();
+    } catch (...) {
+      ++micro_steps_;  // the window is over either way (apply_step dropped its gradients)
+      throw;
+    }
   }
   ++micro_steps_;
 }
 
 void Engine::flush_accumulation() {
-  if (window_micro_steps_ == 0) return;  // at a boundary: nothing accumulated
+  // Collective: ranks may have taken different numbers of micro-steps in this window (uneven
+  // shards at the end of an epoch), so the count travels in the side channel.
   const int64_t gas = gradient_accumulation_steps();
-  DSCPP_LOG_INFO("flushing a partial accumulation window: {} of {} micro-steps", window_micro_steps_, gas);
-  // Gradients were scaled by 1/GAS per micro-step; the mean over the micro-steps taken needs
-  // GAS / taken.
+  DSCPP_LOG_INFO("flushing the accumulation window: {} of {} micro-steps on this rank",
+                 window_micro_steps_, gas);
   write_side_channel();
   reducer_->reduce_all_now();
-  apply_step(static_cast<double>(gas) / window_micro_steps_);
-  micro_steps_ += gas - (micro_steps_ % gas);  // the next micro-step starts a new window
+  if (reducer_->side_channel()[1].item<double>() > 0) {
+    try {
+      apply_step();
+    } catch (...) {
+      if (micro_steps_ % gas != 0) micro_steps_ += gas - micro_steps_ % gas;
+      throw;
+    }
+  } else {
+    reducer_->zero_grads();
+  }
+  if (micro_steps_ % gas != 0) micro_steps_ += gas - micro_steps_ % gas;  // a new window
 }
 
-void Engine::apply_step(double grad_rescale) {
+void Engine::abandon_window() {
+  reducer_->zero_grads();
+  window_micro_steps_ = 0;
+  window_loss_sum_ = 0;
+  window_nonfinite_ = 0;
+  window_reduced_ = false;
+  t_backward_ = t_reduce_wait_ = t_optimizer_ = 0;
+  window_start_ = Clock::now();
+}
+
+void Engine::apply_step() {
   auto t_opt = Clock::now();
   at::Tensor grads = reducer_->flat_grads();
-  if (grad_rescale != 1.0) grads.mul_(grad_rescale);
 
   // 1. The loss over the global batch, and whether any rank saw a non-finite one: summed over
-  // ranks with the gradients (NOTE [side channel]).
+  // ranks with the gradients (NOTE [side channel]). CPU copy: the buffers may be on a GPU.
   const int world = comm_->world_size();
-  at::Tensor stats = reducer_->side_channel().to(at::kDouble);
+  at::Tensor stats = reducer_->side_channel().to(at::kCPU, at::kDouble);
   const double* st = stats.data_ptr<double>();
+  const double micro_batches = st[1];  // over all ranks; gas * world unless flushing early
   std::string bad;
   for (int r = 0; r < world; ++r) {
-    if (st[1 + r] > 0) bad += (bad.empty() ? "" : ",") + std::to_string(r);
+    if (st[2 + r] > 0) bad += (bad.empty() ? "" : ",") + std::to_string(r);
   }
+  if (!bad.empty()) abandon_window();
   DSCPP_CHECK(bad.empty(), Error, "non-finite loss at optimizer step ", global_steps_ + 1,
               " on rank(s) ", bad,
               "; the step is not applied. HINT: lower the learning rate, enable "
               "gradient_clipping, or look at the data of that step (fp16 training skips such "
               "steps through its loss scaler)");
-  const double loss = st[0] / (window_micro_steps_ * world);
+  const double loss = st[0] / micro_batches;
+  // Each micro-batch gradient was scaled by 1/GAS and averaged over ranks; the mean over the
+  // micro-batches actually taken needs gas * world / taken (1 at a normal boundary).
+  const double rescale = gradient_accumulation_steps() * world / micro_batches;
+  if (rescale != 1.0) grads.mul_(rescale);
 
   // 2. Global gradient norm (stage 0: every rank holds the whole averaged gradient).
   const double grad_norm = grads.norm().item<double>();
+  if (!std::isfinite(grad_norm)) abandon_window();
   DSCPP_CHECK(std::isfinite(grad_norm), Error, "the gradient norm is ", grad_norm,
               " at optimizer step ", global_steps_ + 1,
               " although every loss was finite. HINT: an operation overflowed in backward; lower "
@@ -221,7 +265,6 @@ void Engine::apply_step(double grad_rescale) {
   } else {
     client_optimizer_->step();
   }
-  reducer_->zero_grads();
   if (lr_schedule_) lr_schedule_->step();
   if (client_lr_scheduler_) client_lr_scheduler_->step();
   t_optimizer_ += seconds_since(t_opt);
@@ -231,18 +274,15 @@ void Engine::apply_step(double grad_rescale) {
   last_step_ = StepStats{global_steps_, loss, lr, grad_norm,
                          window_s > 0 ? train_batch_size() / window_s : 0, window_s};
   if (config_.steps_per_print > 0 && global_steps_ % config_.steps_per_print == 0) log_step();
-  window_micro_steps_ = 0;
-  window_loss_sum_ = 0;
-  window_nonfinite_ = 0;
-  t_backward_ = t_reduce_wait_ = t_optimizer_ = 0;
-  window_start_ = Clock::now();
+  abandon_window();  // gradients already zeroed; resets the window's counters and timers
 }
 
 void Engine::write_side_channel() {
   at::Tensor side = reducer_->side_channel();
   side.zero_();
   side[0] = window_loss_sum_;
-  side[1 + comm_->rank()] = static_cast<float>(window_nonfinite_);
+  side[1] = static_cast<float>(window_micro_steps_);
+  side[2 + comm_->rank()] = static_cast<float>(window_nonfinite_);
 }
 
 void Engine::log_step() const {

@@ -218,6 +218,53 @@ TEST(Engine, NonFiniteLossOnOneRankStopsEveryRankNamingIt) {
   }
 }
 
+// Regressions found in review: a boundary backward inside no_sync followed by step() outside
+// must still average over ranks; ranks that took different numbers of micro-steps can flush
+// together; after a non-finite loss the engine keeps working.
+TEST(Engine, NoSyncBoundaryThenStepUnevenFlushAndRecoveryAfterNaN) {
+  std::vector<at::Tensor> weights(2);
+  auto errors = run_thread_ranks(2, [&](Communicator& c) {
+    Net net = make_net(5 + c.rank());
+    InitOptions opts;
+    opts.comm = std::shared_ptr<Communicator>(&c, [](Communicator*) {});
+    opts.optimizer = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1));
+    auto engine = initialize(net.ptr(), config_json(4, 2), opts);  // GAS 1
+    auto X = dataset_x().narrow(0, 2 * c.rank(), 2), Y = dataset_y().narrow(0, 2 * c.rank(), 2);
+    {
+      auto guard = engine->no_sync();
+      engine->backward(at::mse_loss(net->forward(X), Y));
+    }
+    engine->step();  // averages now: replicas stay identical
+    EXPECT_EQ(engine->global_steps(), 1);
+    // Uneven flush: only rank 0 ran a micro-step in this window (GAS 1 means every backward is a
+    // boundary, so use a fresh GAS-2 engine on the same model).
+    opts.optimizer = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1));
+    auto e2 = initialize(net.ptr(), config_json(8, 2), opts);  // GAS 2
+    if (c.rank() == 0) {
+      e2->backward(at::mse_loss(net->forward(X), Y));
+      e2->step();
+    }
+    e2->flush_accumulation();
+    EXPECT_EQ(e2->global_steps(), 1);
+    // A non-finite loss on rank 1: every rank throws, then training goes on.
+    auto bad = c.rank() == 1 ? X * std::numeric_limits<float>::quiet_NaN() : X;
+    e2->backward(at::mse_loss(net->forward(bad), Y));
+    e2->step();
+    e2->backward(at::mse_loss(net->forward(bad), Y));
+    EXPECT_THROW(e2->step(), Error);
+    EXPECT_EQ(e2->global_steps(), 1);
+    for (int i = 0; i < 2; ++i) {
+      e2->backward(at::mse_loss(net->forward(X), Y));
+      e2->step();
+    }
+    EXPECT_EQ(e2->global_steps(), 2);
+    EXPECT_TRUE(at::isfinite(net->fc1->weight).all().item<bool>());
+    weights[c.rank()] = net->fc1->weight.detach().clone();
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+  EXPECT_TRUE(at::equal(weights[0], weights[1])) << "replicas diverged";
+}
+
 // Regression: the gradient hooks must not outlive the engine that installed them.
 TEST(Engine, ModelOutlivesItsEngine) {
   auto errors = run_thread_ranks(1, [&](Communicator& c) {
