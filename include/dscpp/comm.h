@@ -74,7 +74,8 @@ class Communicator {
 
   // input: [sum(counts)] contiguous on every rank; output: [counts[rank]] receives the reduction
   // of this rank's chunk (chunks are consecutive, in rank order). Moves (n-1)/n of the input per
-  // rank, half of what all_reduce moves. counts.size() must equal world_size().
+  // rank, half of what all_reduce moves. counts.size() must equal world_size(). output may be
+  // the input's own chunk `rank` (in place); otherwise the input is left unchanged.
   virtual WorkHandle reduce_scatter(at::Tensor output, at::Tensor input,
                                     std::vector<int64_t> counts, ReduceOp op = ReduceOp::sum) = 0;
   // Equal chunks: input.numel() == world_size() * output.numel().

@@ -119,7 +119,17 @@ class Engine {
   void set_tokens_per_sample(int64_t tokens) { tokens_per_sample_ = tokens; }
 
  private:
-  // The boundary's update, from gradients already averaged over ranks (see step()). On a
+  // The gradients to step on (averaged over ranks), and the window's statistics over all ranks.
+  struct Reduced {
+    at::Tensor params, grads;  // stage 0: everything; stage 1: this rank's shard
+    double loss_sum = 0, micro_batches = 0;
+    double grad_sq_norm = -1;  // stage 1: summed over the shards; -1: compute from grads
+    std::string nonfinite_ranks;
+  };
+  Reduced reduce_window();
+  // Stage 1: all-gathers the updated shards into every rank's parameters.
+  void gather_params();
+  // The boundary's update: reduce, check, clip, optimizer, gather (see step()). On a
   // non-finite loss or gradient it drops the window's gradients and throws.
   void apply_step();
   // Zeroes the gradients and resets the window's counters and timers.
@@ -143,6 +153,10 @@ class Engine {
   double window_loss_sum_ = 0;      // sum of this rank's micro-batch losses in the window
   int window_nonfinite_ = 0;        // of which non-finite
   bool window_reduced_ = false;     // the boundary backward averaged gradients over ranks
+  int stage_ = 0;                   // zero_optimization.stage
+  int64_t shard_offset_ = 0;        // this rank's shard of the flat buffer (stage 1)
+  int64_t shard_numel_ = 0;
+  at::Tensor grad_shard_;           // [shard_numel] fp32 view of this rank's chunk (stage 1)
   int no_sync_depth_ = 0;
   int64_t tokens_per_sample_ = 0;
   std::chrono::steady_clock::time_point window_start_;

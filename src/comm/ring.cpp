@@ -41,6 +41,16 @@ void accumulate(at::Tensor& acc, const at::Tensor& x, ReduceOp op) {
   }
 }
 
+// out = received (op) mine, element-wise; out may alias mine.
+void combine_into(at::Tensor& out, const at::Tensor& received, const at::Tensor& mine, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg: at::add_out(out, received, mine); break;
+    case ReduceOp::max: at::maximum_out(out, received, mine); break;
+    case ReduceOp::min: at::minimum_out(out, received, mine); break;
+  }
+}
+
 // One step's exchange: send `out` to next, receive into `in` from prev. Either may be empty
 // (zero-length chunk), in which case that side is skipped on both ends consistently because the
 // chunk sizes are known to every rank.
@@ -76,10 +86,15 @@ void ring_reduce_scatter(const RingContext& ctx, at::Tensor& output, const at::T
   at::Tensor sending = chunk(mod(r - 1, n));  // step 0 sends this rank's own data
   for (int s = 0; s < n - 1; ++s) {
     int c = mod(r - 2 - s, n);
-    bool last = s == n - 2;  // then c == r and the result lands in output directly
-    at::Tensor into = last ? output : bufs[s % 2].narrow(0, 0, counts[c]);
+    at::Tensor into = bufs[s % 2].narrow(0, 0, counts[c]);
     exchange(ctx, s, sending, into);
-    accumulate(into, chunk(c), op);
+    if (s == n - 2) {
+      // c == r: the result goes to output, which may alias input chunk r (in place); reading
+      // chunk r and writing output element by element is safe either way.
+      combine_into(output, into, chunk(c), op);
+    } else {
+      accumulate(into, chunk(c), op);
+    }
     sending = into;
   }
   if (op == ReduceOp::avg) output.div_(n);

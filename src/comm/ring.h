@@ -24,8 +24,9 @@ struct RingContext {
   std::chrono::milliseconds timeout;
 };
 
-// input [sum(counts)] is not modified; output [counts[rank]] gets the reduction of chunk `rank`.
-// Extra memory: two buffers of the largest chunk.
+// output [counts[rank]] gets the reduction of chunk `rank` of input [sum(counts)]. The input is
+// not modified, except where output aliases its chunk `rank` (in place, as ZeRO uses it).
+// Extra memory: two buffers of the largest chunk, while it runs.
 void ring_reduce_scatter(const RingContext& ctx, at::Tensor& output, const at::Tensor& input,
                          const std::vector<int64_t>& counts, ReduceOp op);
 

@@ -50,10 +50,19 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, Config config, InitOpti
                                                  : "the communicator passed to initialize()");
   if (comm_->rank() == 0) DSCPP_LOG_INFO("resolved config (values in force):\n{}", config_.describe());
 
-  DSCPP_CHECK(config_.zero_optimization.stage == 0, ConfigError, "zero_optimization.stage ",
-              config_.zero_optimization.stage,
-              " is not implemented yet; this dscpp trains with stage 0 (data parallelism). HINT: "
-              "set zero_optimization.stage to 0");
+  stage_ = config_.zero_optimization.stage;
+  DSCPP_CHECK(stage_ <= 1, ConfigError, "zero_optimization.stage ", stage_,
+              " is not implemented yet; this dscpp trains with stage 0 (data parallelism) and "
+              "stage 1 (sharded optimizer state). HINT: set zero_optimization.stage to 0 or 1");
+  DSCPP_CHECK(!(stage_ > 0 && client_optimizer_ && !config_.zero_allow_untested_optimizer),
+              ConfigError,
+              "You are using an untested ZeRO Optimizer. Please add <\"zero_allow_untested_optimizer\": "
+              "true> in the configuration file to use it. (DeepSpeed's rule: a client optimizer with "
+              "ZeRO stage ", stage_, ")");
+  DSCPP_CHECK(!(stage_ > 0 && client_optimizer_), ConfigError,
+              "a client optimizer with ZeRO stage ", stage_, " is not implemented yet: ZeRO runs "
+              "dscpp's own optimizer on each rank's shard. HINT: describe the optimizer in the "
+              "config's optimizer section");
   DSCPP_CHECK(!config_.fp16.enabled && !config_.bf16.enabled, ConfigError,
               "fp16/bf16 mixed precision is not implemented yet in this dscpp. HINT: disable "
               "fp16.enabled and bf16.enabled (training runs in fp32)");
@@ -72,10 +81,26 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, Config config, InitOpti
   ro.reduce_bucket_size = config_.zero_optimization.reduce_bucket_size;
   ro.prescale_gradients = config_.prescale_gradients;
   ro.gradient_predivide_factor = config_.gradient_predivide_factor;
-  // Side channel (NOTE [side channel] in grad_reducer.h): [0] the window's loss sum, [1] its
-  // micro-steps, [2 + r] 1 when rank r saw a non-finite loss.
+  // Stage 0: the statistics ride in the gradient all-reduce (NOTE [side channel] in
+  // grad_reducer.h): [0] the window's loss sum, [1] its micro-steps, [2 + r] 1 when rank r saw a
+  // non-finite loss. Stage 1 pads the buffers so every rank's shard is equal.
+  const int world = comm_->world_size();
   reducer_ = std::make_unique<engine::GradReducer>(params, names, *comm_, ro,
-                                                   2 + comm_->world_size());
+                                                   stage_ == 0 ? 2 + world : 0,
+                                                   stage_ == 0 ? 1 : world);
+  shard_numel_ = stage_ == 0 ? reducer_->numel() : reducer_->padded_numel() / world;
+  shard_offset_ = stage_ == 0 ? 0 : comm_->rank() * shard_numel_;
+  if (stage_ > 0) {
+    // In place: the reduced shard lands in this rank's own chunk of the gradient buffer, so
+    // stage 1 holds no second gradient shard (model states: 8 + 8/N bytes per parameter).
+    grad_shard_ = reducer_->padded_grads().narrow(0, shard_offset_, shard_numel_);
+    DSCPP_CHECK(config_.optimizer.type != "Lamb", ConfigError,
+                "the Lamb optimizer needs per-parameter norms across shards and is not "
+                "supported with ZeRO stage ", stage_, ". HINT: use stage 0, or Adam/AdamW");
+    DSCPP_LOG_INFO("ZeRO stage {}: {} parameters padded to {}, this rank updates [{}, {})",
+                   stage_, reducer_->numel(), reducer_->padded_numel(), shard_offset_,
+                   shard_offset_ + shard_numel_);
+  }
 
   // Ranks start identical whatever their seeds: parameters and buffers from rank 0.
   std::vector<comm::WorkHandle> works{comm_->broadcast(reducer_->flat_params(), 0)};
@@ -93,8 +118,11 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, Config config, InitOpti
                 "the config has no optimizer section and no optimizer was passed to "
                 "initialize(). HINT: add {\"optimizer\": {\"type\": \"AdamW\", \"params\": "
                 "{\"lr\": 1e-3}}}");
-    optimizer_ = optim::make_optimizer(config_.optimizer, reducer_->numel(),
-                                       reducer_->flat_params().options(), reducer_->segments());
+    // Stage 0 updates everything; stage 1 only this rank's shard of the flat buffer.
+    optimizer_ = optim::make_optimizer(config_.optimizer, shard_numel_,
+                                       reducer_->flat_params().options(),
+                                       stage_ == 0 ? reducer_->segments()
+                                                   : std::vector<std::pair<int64_t, int64_t>>{});
   }
   if (client_lr_scheduler_) {
     DSCPP_CHECK(config_.scheduler.type.empty(), ConfigError,
@@ -138,7 +166,9 @@ void Engine::backward(const at::Tensor& loss) {
   DSCPP_LOG_DEBUG("micro step {}/{} (global step {}): backward{}",
                   micro_steps_ % gradient_accumulation_steps() + 1, gradient_accumulation_steps(),
                   global_steps_, boundary && !no_sync_depth_ ? " + gradient all-reduce" : "");
-  const bool reduce = boundary && no_sync_depth_ == 0;
+  // Stage 0 all-reduces buckets during the boundary backward; stage 1 reduce-scatters the
+  // accumulated gradients in step().
+  const bool reduce = stage_ == 0 && boundary && no_sync_depth_ == 0;
   if (reduce) write_side_channel();
   reducer_->prepare_backward(reduce);
   // The gradient applied at the boundary is the mean over the global batch: each micro-batch
@@ -165,12 +195,6 @@ void Engine::step() {
     DSCPP_CHECK(window_micro_steps_ == gradient_accumulation_steps(), Error, "step() at the "
                 "boundary after ", window_micro_steps_, " backward() calls in this window, "
                 "expected ", gradient_accumulation_steps(), " (one per micro-step)");
-    if (!window_reduced_) {
-      // The boundary backward ran inside no_sync(): average what was accumulated now, as DDP
-      // does at the next synchronising backward.
-      write_side_channel();
-      reducer_->reduce_all_now();
-    }
     try {
       apply_step();
     } catch (...) {
@@ -187,17 +211,12 @@ void Engine::flush_accumulation() {
   const int64_t gas = gradient_accumulation_steps();
   DSCPP_LOG_INFO("flushing the accumulation window: {} of {} micro-steps on this rank",
                  window_micro_steps_, gas);
-  write_side_channel();
-  reducer_->reduce_all_now();
-  if (reducer_->side_channel()[1].item<double>() > 0) {
-    try {
-      apply_step();
-    } catch (...) {
-      if (micro_steps_ % gas != 0) micro_steps_ += gas - micro_steps_ % gas;
-      throw;
-    }
-  } else {
-    reducer_->zero_grads();
+  window_reduced_ = false;  // apply_step() averages what there is, with the counts
+  try {
+    apply_step();
+  } catch (...) {
+    if (micro_steps_ % gas != 0) micro_steps_ += gas - micro_steps_ % gas;
+    throw;
   }
   if (micro_steps_ % gas != 0) micro_steps_ += gas - micro_steps_ % gas;  // a new window
 }
@@ -212,34 +231,99 @@ void Engine::abandon_window() {
   window_start_ = Clock::now();
 }
 
+Engine::Reduced Engine::reduce_window() {
+  const int world = comm_->world_size();
+  Reduced r;
+  std::vector<double> stats;
+  if (stage_ == 0) {
+    if (!window_reduced_) {
+      // The boundary backward did not average (no_sync, or a flush): do it now, as DDP does at
+      // the next synchronising backward.
+      write_side_channel();
+      reducer_->reduce_all_now();
+    }
+    r.params = reducer_->flat_params();
+    r.grads = reducer_->flat_grads();
+    at::Tensor side = reducer_->side_channel().to(at::kCPU, at::kDouble);  // may live on a GPU
+    stats.assign(side.data_ptr<double>(), side.data_ptr<double>() + side.numel());
+    r.grad_sq_norm = -1;  // computed from the full gradient below
+  } else {
+    // Stage 1: reduce-scatter the accumulated gradients; this rank receives its shard of the
+    // sum (DeepSpeed's order of scaling, as in GradReducer::launch), then one small all-reduce
+    // carries the statistics and the shards' squared norms.
+    at::Tensor full = reducer_->padded_grads();
+    const double pre = config_.gradient_predivide_factor;
+    if (config_.prescale_gradients) full.div_(world);
+    else if (pre != 1.0) full.mul_(1.0 / pre);
+    comm_->reduce_scatter(grad_shard_, full)->wait();
+    if (!config_.prescale_gradients && pre / world != 1.0) grad_shard_.mul_(pre / world);
+    at::Tensor st = at::zeros({3 + world}, at::kDouble);
+    auto* p = st.data_ptr<double>();
+    p[0] = window_loss_sum_;
+    p[1] = static_cast<double>(window_micro_steps_);
+    p[2 + comm_->rank()] = window_nonfinite_;
+    p[2 + world] = grad_shard_.to(at::kDouble).pow(2).sum().item<double>();
+    comm_->all_reduce(st)->wait();
+    stats.assign(p, p + st.numel());
+    r.params = reducer_->padded_params().narrow(0, shard_offset_, shard_numel_);
+    r.grads = grad_shard_;
+    r.grad_sq_norm = stats[2 + world];
+  }
+  r.loss_sum = stats[0];
+  r.micro_batches = stats[1];
+  for (int q = 0; q < world; ++q) {
+    if (stats[2 + q] > 0) r.nonfinite_ranks += (r.nonfinite_ranks.empty() ? "" : ",") + std::to_string(q);
+  }
+  return r;
+}
+
+void Engine::gather_params() {
+  // Stage 1: every rank's updated shard to every rank, allgather_bucket_size elements per rank
+  // at a time (a bounded staging buffer, as DeepSpeed does).
+  at::Tensor flat = reducer_->padded_params();
+  const int world = comm_->world_size();
+  const int64_t bucket = std::max<int64_t>(1, config_.zero_optimization.allgather_bucket_size / world);
+  if (shard_numel_ <= bucket) {
+    comm_->all_gather(flat, flat.narrow(0, shard_offset_, shard_numel_))->wait();
+    return;
+  }
+  at::Tensor staging = at::empty({bucket * world}, flat.options());
+  for (int64_t c = 0; c < shard_numel_; c += bucket) {
+    const int64_t len = std::min(bucket, shard_numel_ - c);
+    at::Tensor out = staging.narrow(0, 0, len * world);
+    comm_->all_gather(out, flat.narrow(0, shard_offset_ + c, len).clone())->wait();
+    for (int q = 0; q < world; ++q) flat.narrow(0, q * shard_numel_ + c, len).copy_(out.narrow(0, q * len, len));
+  }
+}
+
 void Engine::apply_step() {
   auto t_opt = Clock::now();
-  at::Tensor grads = reducer_->flat_grads();
-
-  // 1. The loss over the global batch, and whether any rank saw a non-finite one: summed over
-  // ranks with the gradients (NOTE [side channel]). CPU copy: the buffers may be on a GPU.
   const int world = comm_->world_size();
-  at::Tensor stats = reducer_->side_channel().to(at::kCPU, at::kDouble);
-  const double* st = stats.data_ptr<double>();
-  const double micro_batches = st[1];  // over all ranks; gas * world unless flushing early
-  std::string bad;
-  for (int r = 0; r < world; ++r) {
-    if (st[2 + r] > 0) bad += (bad.empty() ? "" : ",") + std::to_string(r);
+
+  // 1. Gradients averaged over ranks (stage 1: this rank's shard of them), the loss over the
+  // global batch, and whether any rank saw a non-finite one.
+  Reduced red = reduce_window();
+  if (red.micro_batches == 0) {  // a flush with nothing accumulated anywhere
+    abandon_window();
+    return;
   }
-  if (!bad.empty()) abandon_window();
-  DSCPP_CHECK(bad.empty(), Error, "non-finite loss at optimizer step ", global_steps_ + 1,
-              " on rank(s) ", bad,
+  if (!red.nonfinite_ranks.empty()) abandon_window();
+  DSCPP_CHECK(red.nonfinite_ranks.empty(), Error, "non-finite loss at optimizer step ",
+              global_steps_ + 1, " on rank(s) ", red.nonfinite_ranks,
               "; the step is not applied. HINT: lower the learning rate, enable "
               "gradient_clipping, or look at the data of that step (fp16 training skips such "
               "steps through its loss scaler)");
-  const double loss = st[0] / micro_batches;
+  at::Tensor grads = red.grads;
+  const double loss = red.loss_sum / red.micro_batches;
   // Each micro-batch gradient was scaled by 1/GAS and averaged over ranks; the mean over the
   // micro-batches actually taken needs gas * world / taken (1 at a normal boundary).
-  const double rescale = gradient_accumulation_steps() * world / micro_batches;
+  const double rescale = gradient_accumulation_steps() * world / red.micro_batches;
   if (rescale != 1.0) grads.mul_(rescale);
 
-  // 2. Global gradient norm (stage 0: every rank holds the whole averaged gradient).
-  const double grad_norm = grads.norm().item<double>();
+  // 2. Global gradient norm: of the whole gradient (stage 0, every rank holds it), or from the
+  // shards' squared norms summed over ranks (stage 1); the same number either way.
+  const double grad_norm = red.grad_sq_norm < 0 ? grads.norm().item<double>()
+                                                : std::sqrt(red.grad_sq_norm) * rescale;
   if (!std::isfinite(grad_norm)) abandon_window();
   DSCPP_CHECK(std::isfinite(grad_norm), Error, "the gradient norm is ", grad_norm,
               " at optimizer step ", global_steps_ + 1,
@@ -260,11 +344,11 @@ void Engine::apply_step() {
     ctx.lr = lr;
     ctx.step = global_steps_ + 1;
     ctx.betas_override = lr_schedule_ ? lr_schedule_->get_betas() : std::nullopt;
-    at::Tensor params = reducer_->flat_params();
-    optimizer_->step(params, grads, ctx);
+    optimizer_->step(red.params, grads, ctx);
   } else {
     client_optimizer_->step();
   }
+  if (stage_ > 0) gather_params();
   if (lr_schedule_) lr_schedule_->step();
   if (client_lr_scheduler_) client_lr_scheduler_->step();
   t_optimizer_ += seconds_since(t_opt);

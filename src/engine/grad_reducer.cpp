@@ -31,7 +31,7 @@ class ReadyHook final : public torch::autograd::FunctionPostHook {
 
 GradReducer::GradReducer(std::vector<at::Tensor> params, std::vector<std::string> names,
                          comm::Communicator& comm, GradReduceOptions options,
-                         int64_t side_channel)
+                         int64_t side_channel, int64_t pad_multiple)
     : params_(std::move(params)), names_(std::move(names)), comm_(comm), options_(options) {
   DSCPP_CHECK(!params_.empty(), ConfigError,
               "the model has no trainable parameters (requires_grad). HINT: nothing to train");
@@ -52,10 +52,12 @@ GradReducer::GradReducer(std::vector<at::Tensor> params, std::vector<std::string
     total += p.numel();
   }
   auto opts = params_[0].options().requires_grad(false);
-  flat_params_ = at::empty({total}, opts);
-  grad_storage_ = at::zeros({total + side_channel}, opts);
-  flat_grads_ = grad_storage_.narrow(0, 0, total);
-  side_channel_ = grad_storage_.narrow(0, total, side_channel);
+  numel_ = total;
+  const int64_t padded = (total + pad_multiple - 1) / pad_multiple * pad_multiple;
+  flat_params_ = at::zeros({padded}, opts);
+  grad_storage_ = at::zeros({padded + side_channel}, opts);
+  flat_grads_ = grad_storage_.narrow(0, 0, padded);
+  side_channel_ = grad_storage_.narrow(0, padded, side_channel);
   {
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -142,14 +144,15 @@ void GradReducer::launch(Bucket& b) {
   // the world size before summing; otherwise divide by gradient_predivide_factor before and
   // multiply by predivide / world after (finish_backward). Both give the mean over ranks.
   auto slice = flat_grads_.narrow(0, b.offset, b.numel);
+  // The bucket at the end of the parameters also carries the padding and the side channel
+  // (NOTE [side channel]).
+  const bool last = b.offset + b.numel == numel_;
+  const int64_t end = last ? grad_storage_.numel() : b.offset + b.numel;
   const double pre = options_.gradient_predivide_factor;
   if (options_.prescale_gradients) slice.div_(comm_.world_size());
   else if (pre != 1.0) slice.mul_(1.0 / pre);
-  // The bucket at the end of the buffer carries the side channel (NOTE [side channel]).
-  const bool last = b.offset + b.numel == flat_grads_.numel();
-  const int64_t extra = last ? side_channel_.numel() : 0;
   b.launched = true;
-  works_.push_back(comm_.all_reduce(grad_storage_.narrow(0, b.offset, b.numel + extra),
+  works_.push_back(comm_.all_reduce(grad_storage_.narrow(0, b.offset, end - b.offset),
                                     comm::ReduceOp::sum));
 }
 
@@ -167,7 +170,7 @@ double GradReducer::finish_backward() {
   for (auto& w : works) w->wait();
   if (!options_.prescale_gradients) {
     const double factor = options_.gradient_predivide_factor / comm_.world_size();
-    if (factor != 1.0) flat_grads_.mul_(factor);
+    if (factor != 1.0) flat_grads_.narrow(0, 0, numel_).mul_(factor);
   }
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

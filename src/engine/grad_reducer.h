@@ -44,8 +44,11 @@ class GradReducer {
  public:
   // `params`: the trainable parameters, distinct, fp32, contiguous-able, on one device.
   // Replaces each parameter's storage by a view into the flat buffer (values kept).
+  // The flat buffers are padded with zeros to a multiple of `pad_multiple` elements (ZeRO: the
+  // world size, so every rank's shard is equal).
   GradReducer(std::vector<at::Tensor> params, std::vector<std::string> names,
-              comm::Communicator& comm, GradReduceOptions options, int64_t side_channel = 0);
+              comm::Communicator& comm, GradReduceOptions options, int64_t side_channel = 0,
+              int64_t pad_multiple = 1);
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
@@ -59,11 +62,15 @@ class GradReducer {
   // epoch), bucket by bucket; blocks until done.
   void reduce_all_now();
 
-  at::Tensor flat_params() const { return flat_params_; }  // [numel] fp32
-  at::Tensor flat_grads() const { return flat_grads_; }    // [numel] fp32
+  at::Tensor flat_params() const { return flat_params_.narrow(0, 0, numel_); }  // [numel] fp32
+  at::Tensor flat_grads() const { return flat_grads_.narrow(0, 0, numel_); }    // [numel] fp32
+  // The same buffers with their zero padding: [padded_numel] fp32.
+  at::Tensor padded_params() const { return flat_params_; }
+  at::Tensor padded_grads() const { return flat_grads_; }
   // [side_channel] fp32: written before a reducing backward, summed over ranks by it.
   at::Tensor side_channel() const { return side_channel_; }
-  int64_t numel() const { return flat_params_.numel(); }
+  int64_t numel() const { return numel_; }
+  int64_t padded_numel() const { return flat_params_.numel(); }
   const std::vector<at::Tensor>& params() const { return params_; }
   const std::vector<std::string>& names() const { return names_; }
   // [offset, numel) of each parameter in the flat buffers.
@@ -89,6 +96,7 @@ class GradReducer {
   std::vector<std::pair<int64_t, int64_t>> segments_;
   comm::Communicator& comm_;
   GradReduceOptions options_;
+  int64_t numel_ = 0;  // elements of the parameters, without padding
   at::Tensor flat_params_;
   at::Tensor flat_grads_;
   at::Tensor side_channel_;

@@ -76,6 +76,17 @@ TEST_P(CommWorld, ReduceScatterEvenAndUneven) {
         EXPECT_TRUE(at::equal(in, in_copy)) << "reduce_scatter modified its input";
       }
     }
+    // In place: the output is this rank's own chunk of the input (as ZeRO stage 1 uses it).
+    for (int64_t n : {1, 5, 1001}) {
+      auto counts = split_evenly(n, world);
+      int64_t offset = 0;
+      for (int r = 0; r < c.rank(); ++r) offset += counts[r];
+      auto buf = rank_input(c.rank(), n);
+      auto mine = buf.narrow(0, offset, counts[c.rank()]);
+      c.reduce_scatter(mine, buf, counts, ReduceOp::sum)->wait();
+      EXPECT_TRUE(at::allclose(mine, expected_reduce(world, n, ReduceOp::sum).narrow(0, offset, counts[c.rank()]), 1e-6, 1e-5))
+          << "in place, n=" << n;
+    }
     // The equal-chunk overload.
     auto in = rank_input(c.rank(), 8 * world);
     auto out = at::empty({8});

@@ -51,8 +51,9 @@ at::Tensor flat_weights(const std::string& path) {
 
 const char* kModelArgs = " --n_layer 2 --n_head 2 --n_embd 32 --seed 5 --eval_problems 10";
 
-std::string config(int train_batch, int micro) {
+std::string config(int train_batch, int micro, int zero_stage = 0) {
   return "{\"train_batch_size\": " + std::to_string(train_batch) +
+         ", \"zero_optimization\": {\"stage\": " + std::to_string(zero_stage) + "}" +
          ", \"train_micro_batch_size_per_gpu\": " + std::to_string(micro) +
          ", \"steps_per_print\": 100, \"gradient_clipping\": 0.5,"
          " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 3e-3, \"weight_decay\": 0.1}},"
@@ -73,9 +74,9 @@ TEST(TrainEquivalence, WorldSizesAndGasReproduceTheSingleProcessRun) {
     safetensors::save(*init, dir.file("init.safetensors"));
   }
   const int B = 24, steps = 8;
-  auto run = [&](int world, int gas) {
-    std::string tag = "w" + std::to_string(world) + "g" + std::to_string(gas);
-    write(dir.file(tag + ".json"), config(B, B / (world * gas)));
+  auto run = [&](int world, int gas, int stage = 0) {
+    std::string tag = "w" + std::to_string(world) + "g" + std::to_string(gas) + "s" + std::to_string(stage);
+    write(dir.file(tag + ".json"), config(B, B / (world * gas), stage));
     auto r = run_command(kCli + " launch --num_procs " + std::to_string(world) + " --master_port " +
                          std::to_string(free_port()) + " " + kCli + " train --config " +
                          dir.file(tag + ".json") + kModelArgs + " --no_shuffle --steps " +
@@ -88,17 +89,19 @@ TEST(TrainEquivalence, WorldSizesAndGasReproduceTheSingleProcessRun) {
   auto [ref_losses, ref_weights] = run(1, 1);
   ASSERT_EQ(ref_losses.size(), static_cast<size_t>(steps));
   EXPECT_LT(ref_losses.back(), ref_losses.front());
-  for (auto [world, gas] : std::vector<std::pair<int, int>>{{1, 2}, {1, 4}, {2, 1}, {2, 2}, {2, 4},
-                                                             {3, 1}, {3, 2}, {3, 4}}) {
-    auto [losses, weights] = run(world, gas);
+  // {world, gas, ZeRO stage}
+  for (auto [world, gas, stage] : std::vector<std::tuple<int, int, int>>{
+           {1, 2, 0}, {1, 4, 0}, {2, 1, 0}, {2, 2, 0}, {2, 4, 0}, {3, 1, 0}, {3, 2, 0}, {3, 4, 0},
+           {2, 2, 1}, {3, 1, 1}}) {
+    auto [losses, weights] = run(world, gas, stage);
     ASSERT_EQ(losses.size(), ref_losses.size()) << "world " << world << " gas " << gas;
     for (int s = 0; s < steps; ++s) {
       EXPECT_NEAR(losses[s], ref_losses[s], 1e-5 * std::abs(ref_losses[s]))
-          << "world " << world << " gas " << gas << " step " << s;
+          << "world " << world << " gas " << gas << " stage " << stage << " step " << s;
     }
     double err = (weights - ref_weights).abs().max().item<double>();
     EXPECT_LE(err, 1e-5 * ref_weights.abs().max().item<double>())
-        << "world " << world << " gas " << gas << ": final weights differ by " << err;
+        << "world " << world << " gas " << gas << " stage " << stage << ": final weights differ by " << err;
   }
 }
 
