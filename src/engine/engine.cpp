@@ -358,7 +358,7 @@ void Engine::apply_step() {
   last_step_ = StepStats{global_steps_, loss, lr, grad_norm,
                          window_s > 0 ? train_batch_size() / window_s : 0, window_s};
   if (config_.steps_per_print > 0 && global_steps_ % config_.steps_per_print == 0) log_step();
-  abandon_window();  // gradients already zeroed; resets the window's counters and timers
+  abandon_window();  // zeroes the gradients, resets the window's counters and timers
 }
 
 void Engine::write_side_channel() {
