@@ -212,26 +212,26 @@ bool JsonReader::get(std::string_view key, std::vector<std::string>* out) {
   return true;
 }
 
-bool JsonReader::get(std::string_view key, std::optional<int64_t>* out) {
+template <typename T, typename Convert>
+bool JsonReader::get_optional(std::string_view key, std::optional<T>* out, Convert convert) {
   const nlohmann::json* v = lookup(key);
   if (!v) return false;
   if (v->is_null() || take_auto(key, *v, "(unset)")) {
     out->reset();
     return v->is_null();
   }
-  *out = to_int64(key, *v);
+  *out = convert(key, *v);
   return true;
 }
 
+bool JsonReader::get(std::string_view key, std::optional<int64_t>* out) {
+  return get_optional(
+      key, out, [this](std::string_view k, const nlohmann::json& v) { return to_int64(k, v); });
+}
+
 bool JsonReader::get(std::string_view key, std::optional<double>* out) {
-  const nlohmann::json* v = lookup(key);
-  if (!v) return false;
-  if (v->is_null() || take_auto(key, *v, "(unset)")) {
-    out->reset();
-    return v->is_null();
-  }
-  *out = to_double(key, *v);
-  return true;
+  return get_optional(
+      key, out, [this](std::string_view k, const nlohmann::json& v) { return to_double(k, v); });
 }
 
 bool JsonReader::get(std::string_view key, std::optional<std::string>* out) {

@@ -125,6 +125,9 @@ class JsonReader {
   bool take_auto(std::string_view key, const nlohmann::json& v, const std::string& default_text);
   [[noreturn]] void type_error(std::string_view key, std::string_view expected,
                                const nlohmann::json& got) const;
+  // get() for an optional: absent -> false; null or "auto" -> unset; else convert(key, value).
+  template <typename T, typename Convert>
+  bool get_optional(std::string_view key, std::optional<T>* out, Convert convert);
   int64_t to_int64(std::string_view key, const nlohmann::json& v) const;
   double to_double(std::string_view key, const nlohmann::json& v) const;
 

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 
+#include "support/temp_dir.h"
 #include "dscpp/models/gpt.h"
 #include "dscpp/safetensors.h"
 #include "support/subprocess.h"
@@ -23,15 +24,7 @@ using testing::run_command;
 
 const std::string kCli = DSCPP_CLI_PATH;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/dscpp_train_XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
+using dscpp::testing::TempDir;
 
 void write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
@@ -49,6 +42,17 @@ at::Tensor flat_weights(const std::string& path) {
   return at::cat(parts);
 }
 
+// The GPT that kModelArgs describes on the built-in task (vocab 12, T 18), of width n_embd.
+models::GPTConfig tiny_gpt(int64_t n_embd) {
+  models::GPTConfig gc;
+  gc.vocab_size = 12;
+  gc.block_size = 18;
+  gc.n_layer = 2;
+  gc.n_head = 2;
+  gc.n_embd = n_embd;
+  return gc;
+}
+
 const char* kModelArgs = " --n_layer 2 --n_head 2 --n_embd 32 --seed 5 --eval_problems 10";
 
 std::string config(int train_batch, int micro, int zero_stage = 0) {
@@ -64,12 +68,7 @@ std::string config(int train_batch, int micro, int zero_stage = 0) {
 TEST(TrainEquivalence, WorldSizesAndGasReproduceTheSingleProcessRun) {
   TempDir dir;
   {
-    models::GPTConfig gc;
-    gc.vocab_size = 12;
-    gc.block_size = 18;
-    gc.n_layer = 2;
-    gc.n_head = 2;
-    gc.n_embd = 32;
+    models::GPTConfig gc = tiny_gpt(32);
     models::GPT init(gc, 99);
     safetensors::save(*init, dir.file("init.safetensors"));
   }
@@ -110,12 +109,7 @@ TEST(TrainEquivalence, WorldSizesAndGasReproduceTheSingleProcessRun) {
 // process; dscpp train on 1 rank and on 2 ranks x GAS 2 must follow it step by step.
 TEST(TrainGolden, MatchesPyTorchStepByStep) {
   TempDir dir;
-  models::GPTConfig gc;
-  gc.vocab_size = 12;
-  gc.block_size = 18;
-  gc.n_layer = 2;
-  gc.n_head = 2;
-  gc.n_embd = 32;
+  models::GPTConfig gc = tiny_gpt(32);
   {
     models::GPT init(gc, 7);
     safetensors::save(*init, dir.file("init.safetensors"), gc.to_metadata());
@@ -183,12 +177,7 @@ TEST(Train, BadInputIsAClearErrorAndNoRankIsLeftRunning) {
   EXPECT_NE(r.output.find("short.txt"), std::string::npos) << r.output;
   // --init with the wrong shapes.
   {
-    models::GPTConfig gc;
-    gc.vocab_size = 12;
-    gc.block_size = 18;
-    gc.n_layer = 2;
-    gc.n_head = 2;
-    gc.n_embd = 16;  // the run uses 32
+    models::GPTConfig gc = tiny_gpt(16);  // the run uses 32
     models::GPT other(gc, 1);
     safetensors::save(*other, dir.file("wrong.safetensors"));
   }

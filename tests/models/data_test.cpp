@@ -2,6 +2,7 @@
 // over steps, ranks and micro-steps (with wrap-around and shuffling), reading only a rank's own
 // bytes, the errors for short or malformed files, and the built-in reverse task: layout,
 // determinism, a disjoint held-out set, the accuracy measure and that a small GPT learns it.
+#include "support/temp_dir.h"
 #include "support/errors.h"
 #include "dscpp/data.h"
 
@@ -40,18 +41,7 @@ std::vector<int64_t> range(int64_t a, int64_t b) {
 
 using dscpp::testing::error_of;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "dscpp_data_test_XXXXXX").string();
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using dscpp::testing::TempDir;
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <string>
 
+#include "support/temp_dir.h"
 #include "dscpp/data.h"
 #include "dscpp/models/gpt.h"
 #include "dscpp/safetensors.h"
@@ -30,18 +31,7 @@ using testing::run_command;
 const std::string kPython = "/usr/bin/python3";
 const std::string kScript = std::string(DSCPP_SOURCE_DIR) + "/tests/golden/gpt_reference.py";
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "dscpp_golden_XXXXXX").string();
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using dscpp::testing::TempDir;
 
 // Runs the reference script; fails the test (with its output) when it does not exit 0.
 ::testing::AssertionResult run_reference(const std::string& args) {

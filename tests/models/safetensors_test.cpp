@@ -2,6 +2,7 @@
 // dtype (0-d and empty tensors too), rejection of every kind of corrupt or truncated file with an
 // IoError naming the file and tensor, atomic writes under injected faults (no partial file left),
 // and loading a module's weights by name with all mismatches listed at once.
+#include "support/temp_dir.h"
 #include "dscpp/safetensors.h"
 
 #include <gtest/gtest.h>
@@ -24,24 +25,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "dscpp_st_test_XXXXXX").string();
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  std::vector<std::string> entries() const {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(path_)) out.push_back(e.path().filename());
-    std::sort(out.begin(), out.end());
-    return out;
-  }
-
- private:
-  std::string path_;
-};
+using dscpp::testing::TempDir;
 
 std::string read_all(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
