@@ -5,6 +5,7 @@
 // include/dscpp/data.h, so another framework can reproduce a run (--no_shuffle).
 #include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
+#include <torch/version.h>
 #include <fmt/format.h>
 
 #include <sys/resource.h>
@@ -27,7 +28,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct TrainArgs {
-  std::string config, data, init, save_final, metrics, level;
+  std::string config, data, init, save_final, metrics, level, device = "cpu";
   int64_t n_layer = 2, n_head = 4, n_embd = 64, block_size = 0, vocab_size = 0;
   int64_t steps = 300, eval_problems = 2000;
   uint64_t seed = 1234;
@@ -59,14 +60,31 @@ int train_main(int argc, char** argv) {
   app.add_option("--metrics", a.metrics, "JSON lines, one per optimizer step (rank 0)");
   app.add_option("--eval_problems", a.eval_problems, "held-out problems for the built-in task's accuracy");
   app.add_option("--log_level", a.level, "debug|info|warning|error");
+  app.add_option("--device", a.device, "cpu, or cuda (one GPU: --num_procs 1)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (!a.level.empty()) set_log_level(parse_log_level(a.level));
   DSCPP_CHECK(a.steps > 0, ConfigError, "--steps must be > 0");
 
   Config config = Config::parse(a.config);
-  // The built-in GPT trains on the CPU, so "auto" means Gloo even on a host with CUDA.
+  const at::Device device(a.device);
+  DSCPP_CHECK(device.is_cpu() || (device.is_cuda() && at::hasCUDA()), ConfigError, "--device ",
+              a.device, " is not available in this build or on this host. HINT: --device cpu");
+  if (config.fp16.enabled && device.is_cpu()) {
+    // libtorch's CPU kernels cover few fp16 operations (1.13: no matmul, softmax, layer_norm,
+    // GELU); the GPT needs them all.
+    bool cpu_fp16 = true;
+    try {
+      at::ones({2, 2}, at::kHalf).mm(at::ones({2, 2}, at::kHalf)).softmax(-1);
+    } catch (const std::exception&) {
+      cpu_fp16 = false;
+    }
+    DSCPP_CHECK(cpu_fp16, ConfigError, "fp16.enabled on the CPU: this libtorch (", TORCH_VERSION,
+                ") has no CPU fp16 kernels for the GPT's matmul and softmax. HINT: use "
+                "\"bf16\": {\"enabled\": true} on the CPU, or train fp16 with --device cuda");
+  }
+  // On the CPU "auto" means Gloo even on a host with CUDA.
   auto comm_options = comm::CommOptions::from_config(&config);
-  if (comm_options.backend == "auto") comm_options.backend = "gloo";
+  if (comm_options.backend == "auto") comm_options.backend = device.is_cpu() ? "gloo" : "nccl";
   auto comm = comm::init_from_env(comm_options);
   const int rank = comm->rank();
 
@@ -97,6 +115,7 @@ int train_main(int argc, char** argv) {
   gc.n_head = a.n_head;
   gc.n_embd = a.n_embd;
   models::GPT model(gc, a.seed);
+  model->to(device);
   // Only rank 0 reads --init (the file may exist on its host alone); the engine broadcasts
   // rank 0's weights to every rank.
   if (!a.init.empty() && rank == 0) safetensors::load_into(*model, a.init);
@@ -128,7 +147,7 @@ int train_main(int argc, char** argv) {
     comm->set_step(s);
     for (int64_t k = 0; k < engine.gradient_accumulation_steps(); ++k) {
       data::Batch b = loader.micro_batch(s, rank, k);
-      at::Tensor loss = model->loss(b.inputs, b.targets);
+      at::Tensor loss = model->loss(b.inputs.to(device), b.targets.to(device));
       engine.backward(loss);
       engine.step();
     }
@@ -137,8 +156,9 @@ int train_main(int argc, char** argv) {
     if (rank != 0) continue;
     if (metrics.is_open()) {
       metrics << fmt::format("{{\"step\": {}, \"loss\": {:.9g}, \"lr\": {:.9g}, \"grad_norm\": {:.9g}, "
-                             "\"samples_per_s\": {:.6g}}}\n",
-                             st.step, st.loss, st.lr, st.grad_norm, st.samples_per_s);
+                             "\"samples_per_s\": {:.6g}, \"loss_scale\": {}, \"skipped\": {}}}\n",
+                             st.step, st.loss, st.lr, st.grad_norm, st.samples_per_s, st.loss_scale,
+                             st.skipped);
     }
     if ((s + 1) % progress_every == 0 || s + 1 == a.steps) {
       double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
@@ -151,7 +171,20 @@ int train_main(int argc, char** argv) {
   const double steady_s = std::chrono::duration<double>(Clock::now() - steady_start).count();
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
-  std::cout << fmt::format("rank {}: peak RSS {:.1f} MiB", rank, ru.ru_maxrss / 1024.0) << std::endl;
+  const MemoryStats mem = engine.memory_stats();
+  constexpr double kMiB = 1 << 20;
+  std::cout << fmt::format("rank {}: peak RSS {:.1f} MiB; model states {:.2f} MiB (params {:.2f}, "
+                           "grads {:.2f}, fp32 master {:.2f}, optimizer {:.2f}), gradient staging "
+                           "{:.2f} MiB; {} parameters",
+                           rank, ru.ru_maxrss / 1024.0, mem.model_states() / kMiB,
+                           mem.params / kMiB, mem.grads / kMiB, mem.master / kMiB,
+                           mem.optimizer_state / kMiB, mem.staging / kMiB, gc.num_parameters())
+            << std::endl;
+  if (engine.skipped_steps() > 0 && rank == 0) {
+    std::cout << fmt::format("fp16: {} of {} steps skipped for gradient overflow; final loss scale {}",
+                             engine.skipped_steps(), a.steps, engine.loss_scale())
+              << std::endl;
+  }
   if (rank == 0) {
     std::cout << fmt::format("throughput: {:.1f} tokens/s over steps {}..{} (after {} warm-up steps)",
                              (a.steps - warmup_steps) * engine.train_batch_size() * a.block_size / steady_s,

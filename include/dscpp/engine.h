@@ -36,6 +36,7 @@ class Optimizer;
 class LRSchedule;
 namespace engine {
 class GradReducer;
+class LossScaler;
 }
 
 struct InitOptions {
@@ -58,6 +59,19 @@ struct StepStats {
   double grad_norm = 0;    // global L2 norm of the averaged gradient, before clipping
   double samples_per_s = 0;
   double seconds = 0;      // wall time of this optimizer step's window (all its micro-steps)
+  double loss_scale = 1;   // fp16: the loss scale the window's backward passes used
+  bool skipped = false;    // fp16: the gradients overflowed and the update was skipped
+};
+
+// The engine's own accounting of what it holds on this rank, in bytes (ZeRO's model states and
+// the communication buffers beside them). See docs/zero.md for the formulas.
+struct MemoryStats {
+  int64_t params = 0;           // the model's parameters in the training dtype (flat buffer)
+  int64_t grads = 0;            // gradients held between steps (full buffer, or stage 2's shard)
+  int64_t master = 0;           // fp32 master weights (mixed precision; fp32: the params are)
+  int64_t optimizer_state = 0;  // this rank's optimizer state
+  int64_t staging = 0;          // stage 2's gradient staging buffers (contiguous_gradients)
+  int64_t model_states() const { return params + grads + master + optimizer_state; }
 };
 
 class Engine {
@@ -99,6 +113,13 @@ class Engine {
   };
   NoSync no_sync() { return NoSync(*this); }
 
+  // Bytes this rank holds for the model states (see MemoryStats).
+  MemoryStats memory_stats();
+  // fp16: optimizer steps skipped because the gradients overflowed.
+  int64_t skipped_steps() const { return skipped_steps_; }
+  // fp16: the loss scale in force (1 without fp16).
+  double loss_scale() const;
+
   // True when the next backward()/step() completes an accumulation window.
   bool is_gradient_accumulation_boundary() const;
   int64_t global_steps() const { return global_steps_; }
@@ -121,12 +142,16 @@ class Engine {
  private:
   // The gradients to step on (averaged over ranks), and the window's statistics over all ranks.
   struct Reduced {
-    at::Tensor params, grads;  // stage 0: everything; stage 1: this rank's shard
+    at::Tensor grads;  // in the training dtype; stage 0: everything; stages 1-2: this rank's shard
     double loss_sum = 0, micro_batches = 0;
-    double grad_sq_norm = -1;  // stage 1: summed over the shards; -1: compute from grads
+    double grad_sq_norm = -1;  // stages 1-2: summed over the shards; -1: compute from grads
     std::string nonfinite_ranks;
   };
   Reduced reduce_window();
+  // Sums this rank's window statistics (and `shard_sq_norm`) over ranks into `r`.
+  void reduce_stats(Reduced& r, double shard_sq_norm);
+  // fp16 overflow: drops the window, lowers the loss scale (or throws at the minimum).
+  void skip_step(double loss, double lr);
   // Stage 1: all-gathers the updated shards into every rank's parameters.
   void gather_params();
   // The boundary's update: reduce, check, clip, optimizer, gather (see step()). On a
@@ -154,9 +179,16 @@ class Engine {
   int window_nonfinite_ = 0;        // of which non-finite
   bool window_reduced_ = false;     // the boundary backward averaged gradients over ranks
   int stage_ = 0;                   // zero_optimization.stage
-  int64_t shard_offset_ = 0;        // this rank's shard of the flat buffer (stage 1)
+  at::ScalarType dtype_ = at::kFloat;  // training dtype of parameters and gradients
+  int64_t shard_offset_ = 0;        // this rank's shard of the flat buffer (stages 1-2)
   int64_t shard_numel_ = 0;
-  at::Tensor grad_shard_;           // [shard_numel] fp32 view of this rank's chunk (stage 1)
+  at::Tensor grad_shard_;           // [shard_numel] this rank's averaged gradients (stages 1-2)
+  // fp32 weights the optimizer updates: [shard_numel] (stage 0: all). In fp32 a view of the
+  // parameters; under mixed precision a buffer of its own, cast into the parameters after each
+  // step.
+  at::Tensor master_;
+  std::unique_ptr<engine::LossScaler> scaler_;  // fp16 only
+  int64_t skipped_steps_ = 0;
   int no_sync_depth_ = 0;
   int64_t tokens_per_sample_ = 0;
   std::chrono::steady_clock::time_point window_start_;

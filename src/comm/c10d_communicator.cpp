@@ -266,8 +266,23 @@ WorkHandle C10dCommunicator::all_reduce(at::Tensor tensor, ReduceOp op) {
   DSCPP_CHECK(op != ReduceOp::avg || at::isFloatingType(tensor.scalar_type()), CommError,
               "all_reduce avg needs a floating-point tensor, got ", tensor.scalar_type());
   OpDesc d{OpKind::all_reduce, tensor.scalar_type(), tensor.numel(), -1};
-  return enqueue(d, true, [this, tensor, op](int64_t) -> Pending {
+  return enqueue(d, true, [this, tensor, op](int64_t seq) mutable -> Pending {
     if (world_size_ == 1 || tensor.numel() == 0) return {};
+    if (!native_flat_ && tensor.scalar_type() == at::kBFloat16) {
+      // Gloo has no bf16 reduction: a ring all-reduce (reduce-scatter, then all-gather, in
+      // place) over send/recv, which moves what Gloo's own ring would.
+      std::vector<int64_t> counts(world_size_, tensor.numel() / world_size_);
+      for (int64_t i = 0; i < tensor.numel() % world_size_; ++i) ++counts[i];
+      int64_t own = 0;
+      for (int i = 0; i < rank_; ++i) own += counts[i];
+      at::Tensor flat = tensor.view({-1});
+      at::Tensor mine = flat.narrow(0, own, counts[rank_]);
+      RingContext ctx{*backend_, rank_, world_size_, ring_tag_base(seq), options_.timeout};
+      ring_reduce_scatter(ctx, mine, flat, counts, op);
+      ctx.tag_base += 2048;  // the all-gather's steps get tags of their own
+      ring_all_gather(ctx, flat, mine.clone(), counts);
+      return {};
+    }
     std::vector<at::Tensor> v{tensor};
     c10d::AllreduceOptions o;
     o.reduceOp = to_c10d(op);

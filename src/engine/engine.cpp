@@ -15,6 +15,7 @@
 #include "dscpp/lr_schedule.h"
 #include "dscpp/optim.h"
 #include "engine/grad_reducer.h"
+#include "engine/loss_scaler.h"
 #include "util/log.h"
 
 namespace dscpp {
@@ -51,9 +52,10 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, Config config, InitOpti
   if (comm_->rank() == 0) DSCPP_LOG_INFO("resolved config (values in force):\n{}", config_.describe());
 
   stage_ = config_.zero_optimization.stage;
-  DSCPP_CHECK(stage_ <= 1, ConfigError, "zero_optimization.stage ", stage_,
-              " is not implemented yet; this dscpp trains with stage 0 (data parallelism) and "
-              "stage 1 (sharded optimizer state). HINT: set zero_optimization.stage to 0 or 1");
+  DSCPP_CHECK(stage_ <= 2, ConfigError, "zero_optimization.stage ", stage_,
+              " is not implemented yet; this dscpp trains with stages 0 (data parallelism), 1 "
+              "(sharded optimizer state) and 2 (+ sharded gradients). HINT: set "
+              "zero_optimization.stage to 0, 1 or 2");
   DSCPP_CHECK(!(stage_ > 0 && client_optimizer_ && !config_.zero_allow_untested_optimizer),
               ConfigError,
               "You are using an untested ZeRO Optimizer. Please add <\"zero_allow_untested_optimizer\": "
@@ -63,9 +65,17 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, Config config, InitOpti
               "a client optimizer with ZeRO stage ", stage_, " is not implemented yet: ZeRO runs "
               "dscpp's own optimizer on each rank's shard. HINT: describe the optimizer in the "
               "config's optimizer section");
-  DSCPP_CHECK(!config_.fp16.enabled && !config_.bf16.enabled, ConfigError,
-              "fp16/bf16 mixed precision is not implemented yet in this dscpp. HINT: disable "
-              "fp16.enabled and bf16.enabled (training runs in fp32)");
+  if (config_.bf16.enabled) dtype_ = at::kBFloat16;
+  if (config_.fp16.enabled) dtype_ = at::kHalf;
+  const bool mixed = dtype_ != at::kFloat;
+  DSCPP_CHECK(!(mixed && client_optimizer_), ConfigError,
+              "a client optimizer with ", config_.fp16.enabled ? "fp16" : "bf16",
+              " is not implemented: mixed precision keeps fp32 master weights that only dscpp's "
+              "own optimizers update. HINT: describe the optimizer in the config's optimizer "
+              "section, or train in fp32");
+  if (config_.fp16.enabled) {
+    scaler_ = std::make_unique<engine::LossScaler>(engine::LossScalerOptions::from_config(config_.fp16));
+  }
 
   // Trainable parameters, each once (a tied parameter registered twice is one parameter).
   std::vector<at::Tensor> params;
@@ -77,23 +87,42 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, Config config, InitOpti
     params.push_back(item.value());
     names.push_back(item.key());
   }
+  // Mixed precision: the fp32 values become the master weights, the model trains on a cast.
+  at::Tensor init32;
+  if (mixed && !params.empty()) {
+    std::vector<at::Tensor> flat;
+    for (auto& p : params) flat.push_back(p.detach().reshape({-1}));
+    init32 = at::cat(flat);
+  }
+  const auto& zc = config_.zero_optimization;
   engine::GradReduceOptions ro;
-  ro.reduce_bucket_size = config_.zero_optimization.reduce_bucket_size;
+  ro.mode = stage_ == 0 ? engine::ReduceMode::kAllReduce
+          : stage_ == 1 ? engine::ReduceMode::kDeferred
+                        : engine::ReduceMode::kReduceScatter;
+  ro.dtype = dtype_;
+  ro.reduce_bucket_size = zc.reduce_bucket_size;
   ro.prescale_gradients = config_.prescale_gradients;
   ro.gradient_predivide_factor = config_.gradient_predivide_factor;
-  // Stage 0: the statistics ride in the gradient all-reduce (NOTE [side channel] in
+  ro.overlap_comm = zc.overlap_comm;
+  ro.contiguous_gradients = zc.contiguous_gradients;
+  ro.reduce_scatter = zc.reduce_scatter;
+  // Stage 0 in fp32: the statistics ride in the gradient all-reduce (NOTE [side channel] in
   // grad_reducer.h): [0] the window's loss sum, [1] its micro-steps, [2 + r] 1 when rank r saw a
-  // non-finite loss. Stage 1 pads the buffers so every rank's shard is equal.
+  // non-finite loss. Otherwise one small all-reduce at the boundary carries them.
   const int world = comm_->world_size();
+  const bool side_channel = stage_ == 0 && !mixed;
   reducer_ = std::make_unique<engine::GradReducer>(params, names, *comm_, ro,
-                                                   stage_ == 0 ? 2 + world : 0,
-                                                   stage_ == 0 ? 1 : world);
-  shard_numel_ = stage_ == 0 ? reducer_->numel() : reducer_->padded_numel() / world;
-  shard_offset_ = stage_ == 0 ? 0 : comm_->rank() * shard_numel_;
-  if (stage_ > 0) {
+                                                   side_channel ? 2 + world : 0);
+  shard_numel_ = stage_ == 0 ? reducer_->numel() : reducer_->shard_numel();
+  shard_offset_ = stage_ == 0 ? 0 : reducer_->shard_offset();
+  if (stage_ == 1) {
     // In place: the reduced shard lands in this rank's own chunk of the gradient buffer, so
-    // stage 1 holds no second gradient shard (model states: 8 + 8/N bytes per parameter).
+    // stage 1 holds no second gradient shard.
     grad_shard_ = reducer_->padded_grads().narrow(0, shard_offset_, shard_numel_);
+  } else if (stage_ == 2) {
+    grad_shard_ = reducer_->grad_shard();
+  }
+  if (stage_ > 0) {
     DSCPP_CHECK(config_.optimizer.type != "Lamb", ConfigError,
                 "the Lamb optimizer needs per-parameter norms across shards and is not "
                 "supported with ZeRO stage ", stage_, ". HINT: use stage 0, or Adam/AdamW");
@@ -101,13 +130,33 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, Config config, InitOpti
                    stage_, reducer_->numel(), reducer_->padded_numel(), shard_offset_,
                    shard_offset_ + shard_numel_);
   }
+  if (mixed) {
+    // Everything else the forward touches trains in the same dtype (DeepSpeed casts the whole
+    // module): frozen parameters and floating-point buffers.
+    at::NoGradGuard no_grad;
+    for (auto& p : model_->parameters(/*recurse=*/true)) {
+      if (!p.requires_grad() && p.is_floating_point()) p.set_data(p.detach().to(dtype_));
+    }
+    for (auto& b : model_->buffers(/*recurse=*/true)) {
+      if (b.defined() && b.is_floating_point()) b.set_data(b.detach().to(dtype_));
+    }
+  }
 
   // Ranks start identical whatever their seeds: parameters and buffers from rank 0.
-  std::vector<comm::WorkHandle> works{comm_->broadcast(reducer_->flat_params(), 0)};
+  std::vector<comm::WorkHandle> works{comm_->broadcast(mixed ? init32 : reducer_->flat_params(), 0)};
   for (auto& b : model_->buffers(/*recurse=*/true)) {
     if (b.defined() && b.numel() > 0) works.push_back(comm_->broadcast(b, 0));
   }
   for (auto& w : works) w->wait();
+  if (mixed) {
+    reducer_->flat_params().copy_(init32);
+    at::Tensor padded = at::zeros({reducer_->padded_numel()}, init32.options());
+    padded.narrow(0, 0, init32.numel()).copy_(init32);
+    master_ = padded.narrow(0, shard_offset_, shard_numel_).clone();
+  } else {
+    master_ = reducer_->padded_params().narrow(0, shard_offset_, shard_numel_);
+  }
+  init32 = at::Tensor();
 
   if (client_optimizer_) {
     DSCPP_CHECK(config_.optimizer.type.empty(), ConfigError,
@@ -119,8 +168,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, Config config, InitOpti
                 "initialize(). HINT: add {\"optimizer\": {\"type\": \"AdamW\", \"params\": "
                 "{\"lr\": 1e-3}}}");
     // Stage 0 updates everything; stage 1 only this rank's shard of the flat buffer.
-    optimizer_ = optim::make_optimizer(config_.optimizer, shard_numel_,
-                                       reducer_->flat_params().options(),
+    optimizer_ = optim::make_optimizer(config_.optimizer, shard_numel_, master_.options(),
                                        stage_ == 0 ? reducer_->segments()
                                                    : std::vector<std::pair<int64_t, int64_t>>{});
   }
@@ -167,14 +215,17 @@ void Engine::backward(const at::Tensor& loss) {
                   micro_steps_ % gradient_accumulation_steps() + 1, gradient_accumulation_steps(),
                   global_steps_, boundary && !no_sync_depth_ ? " + gradient all-reduce" : "");
   // Stage 0 all-reduces buckets during the boundary backward; stage 1 reduce-scatters the
-  // accumulated gradients in step().
+  // accumulated gradients in step(); stage 2 reduce-scatters in every backward (the reducer
+  // decides).
   const bool reduce = stage_ == 0 && boundary && no_sync_depth_ == 0;
-  if (reduce) write_side_channel();
+  if (reduce && reducer_->side_channel().numel() > 0) write_side_channel();
   reducer_->prepare_backward(reduce);
   // The gradient applied at the boundary is the mean over the global batch: each micro-batch
-  // loss is a mean over its samples, so scale by 1/GAS here and average over ranks.
+  // loss is a mean over its samples, so scale by 1/GAS here and average over ranks. fp16 also
+  // multiplies by the loss scale, divided out again in apply_step().
+  const double scale = loss_scale() / static_cast<double>(gradient_accumulation_steps());
   try {
-    (loss / static_cast<double>(gradient_accumulation_steps())).backward();
+    (loss * scale).backward();
   } catch (...) {
     // The other ranks go on reducing: launch and finish this rank's buckets too, so the
     // collectives stay in step, then report the error.
@@ -183,6 +234,14 @@ void Engine::backward(const at::Tensor& loss) {
   }
   t_reduce_wait_ += reducer_->finish_backward();
   window_reduced_ = reduce;
+  if (stage_ == 2 && !config_.zero_optimization.ignore_unused_parameters) {
+    auto unused = reducer_->unused_in_last_backward();
+    DSCPP_CHECK(unused.empty(), Error, unused.size(), " parameter(s) got no gradient in this "
+                "backward on rank ", comm_->rank(), " (first: '", unused[0], "') and "
+                "zero_optimization.ignore_unused_parameters is false. HINT: set "
+                "ignore_unused_parameters to true (their gradient is then zero), or freeze them "
+                "with requires_grad(false) before initialize()");
+  }
   t_backward_ += seconds_since(t0);
 }
 
@@ -231,54 +290,84 @@ void Engine::abandon_window() {
   window_start_ = Clock::now();
 }
 
+namespace {
+// Sum of squares in double, in chunks (no full-size double copy of a large shard).
+double sq_norm(const at::Tensor& t) {
+  constexpr int64_t kChunk = 1 << 20;
+  double total = 0;
+  for (int64_t i = 0; i < t.numel(); i += kChunk) {
+    at::Tensor c = t.narrow(0, i, std::min(kChunk, t.numel() - i)).to(at::kDouble);
+    total += c.dot(c).item<double>();
+  }
+  return total;
+}
+}  // namespace
+
 Engine::Reduced Engine::reduce_window() {
   const int world = comm_->world_size();
   Reduced r;
-  std::vector<double> stats;
   if (stage_ == 0) {
     if (!window_reduced_) {
       // The boundary backward did not average (no_sync, or a flush): do it now, as DDP does at
       // the next synchronising backward.
-      write_side_channel();
+      if (reducer_->side_channel().numel() > 0) write_side_channel();
       reducer_->reduce_all_now();
     }
-    r.params = reducer_->flat_params();
     r.grads = reducer_->flat_grads();
-    at::Tensor side = reducer_->side_channel().to(at::kCPU, at::kDouble);  // may live on a GPU
-    stats.assign(side.data_ptr<double>(), side.data_ptr<double>() + side.numel());
-    r.grad_sq_norm = -1;  // computed from the full gradient below
-  } else {
-    // Stage 1: reduce-scatter the accumulated gradients; this rank receives its shard of the
-    // sum (DeepSpeed's order of scaling, as in GradReducer::launch), then one small all-reduce
-    // carries the statistics and the shards' squared norms.
+    if (reducer_->side_channel().numel() > 0) {
+      at::Tensor side = reducer_->side_channel().to(at::kCPU, at::kDouble);  // may live on a GPU
+      const double* p = side.data_ptr<double>();
+      r.loss_sum = p[0];
+      r.micro_batches = p[1];
+      for (int q = 0; q < world; ++q) {
+        if (p[2 + q] > 0) r.nonfinite_ranks += (r.nonfinite_ranks.empty() ? "" : ",") + std::to_string(q);
+      }
+    } else {
+      reduce_stats(r, 0);
+    }
+    r.grad_sq_norm = -1;  // computed from the full gradient in apply_step()
+    return r;
+  }
+  if (stage_ == 1) {
+    // Reduce-scatter the accumulated gradients; this rank receives its shard of the sum
+    // (DeepSpeed's order of scaling, as in GradReducer), in place.
     at::Tensor full = reducer_->padded_grads();
     const double pre = config_.gradient_predivide_factor;
     if (config_.prescale_gradients) full.div_(world);
     else if (pre != 1.0) full.mul_(1.0 / pre);
     comm_->reduce_scatter(grad_shard_, full)->wait();
     if (!config_.prescale_gradients && pre / world != 1.0) grad_shard_.mul_(pre / world);
-    at::Tensor st = at::zeros({3 + world}, at::kDouble);
-    auto* p = st.data_ptr<double>();
-    p[0] = window_loss_sum_;
-    p[1] = static_cast<double>(window_micro_steps_);
-    p[2 + comm_->rank()] = window_nonfinite_;
-    p[2 + world] = grad_shard_.to(at::kDouble).pow(2).sum().item<double>();
-    comm_->all_reduce(st)->wait();
-    stats.assign(p, p + st.numel());
-    r.params = reducer_->padded_params().narrow(0, shard_offset_, shard_numel_);
-    r.grads = grad_shard_;
-    r.grad_sq_norm = stats[2 + world];
   }
-  r.loss_sum = stats[0];
-  r.micro_batches = stats[1];
-  for (int q = 0; q < world; ++q) {
-    if (stats[2 + q] > 0) r.nonfinite_ranks += (r.nonfinite_ranks.empty() ? "" : ",") + std::to_string(q);
-  }
+  // Stage 2: the backward passes already reduce-scattered into the shard.
+  r.grads = grad_shard_;
+  reduce_stats(r, sq_norm(grad_shard_));
   return r;
 }
 
+void Engine::reduce_stats(Reduced& r, double shard_sq_norm) {
+  // One small all-reduce: the window's loss sum, its micro-steps, which ranks saw a non-finite
+  // loss, and the shards' squared gradient norms.
+  const int world = comm_->world_size();
+  at::Tensor st = at::zeros({3 + world}, at::kDouble);
+  auto* p = st.data_ptr<double>();
+  p[0] = window_loss_sum_;
+  p[1] = static_cast<double>(window_micro_steps_);
+  p[2 + comm_->rank()] = window_nonfinite_;
+  p[2 + world] = shard_sq_norm;
+  at::Tensor dev = st.to(reducer_->flat_params().device());
+  comm_->all_reduce(dev)->wait();
+  st = dev.to(at::kCPU);
+  p = st.data_ptr<double>();
+  r.loss_sum = p[0];
+  r.micro_batches = p[1];
+  for (int q = 0; q < world; ++q) {
+    if (p[2 + q] > 0) r.nonfinite_ranks += (r.nonfinite_ranks.empty() ? "" : ",") + std::to_string(q);
+  }
+  r.grad_sq_norm = p[2 + world];
+}
+
 void Engine::gather_params() {
-  // Stage 1: every rank's updated shard to every rank, allgather_bucket_size elements per rank
+  // Stages 1-2: every rank's updated shard to every rank, allgather_bucket_size elements per rank
   // at a time (a bounded staging buffer, as DeepSpeed does).
   at::Tensor flat = reducer_->padded_params();
   const int world = comm_->world_size();
@@ -300,30 +389,34 @@ void Engine::apply_step() {
   auto t_opt = Clock::now();
   const int world = comm_->world_size();
 
-  // 1. Gradients averaged over ranks (stage 1: this rank's shard of them), the loss over the
+  // 1. Gradients averaged over ranks (stages 1-2: this rank's shard of them), the loss over the
   // global batch, and whether any rank saw a non-finite one.
   Reduced red = reduce_window();
   if (red.micro_batches == 0) {  // a flush with nothing accumulated anywhere
     abandon_window();
     return;
   }
+  const double loss = red.loss_sum / red.micro_batches;
+  const double lr = get_lr();
+  if (!red.nonfinite_ranks.empty() && scaler_) return skip_step(loss, lr);
   if (!red.nonfinite_ranks.empty()) abandon_window();
   DSCPP_CHECK(red.nonfinite_ranks.empty(), Error, "non-finite loss at optimizer step ",
               global_steps_ + 1, " on rank(s) ", red.nonfinite_ranks,
               "; the step is not applied. HINT: lower the learning rate, enable "
               "gradient_clipping, or look at the data of that step (fp16 training skips such "
               "steps through its loss scaler)");
-  at::Tensor grads = red.grads;
-  const double loss = red.loss_sum / red.micro_batches;
-  // Each micro-batch gradient was scaled by 1/GAS and averaged over ranks; the mean over the
-  // micro-batches actually taken needs gas * world / taken (1 at a normal boundary).
-  const double rescale = gradient_accumulation_steps() * world / red.micro_batches;
-  if (rescale != 1.0) grads.mul_(rescale);
+  // Each micro-batch gradient was scaled by loss_scale/GAS and averaged over ranks; the mean
+  // over the micro-batches actually taken needs gas * world / taken / loss_scale (1 at a normal
+  // fp32 boundary). Mixed precision steps on an fp32 copy of the (shard of the) gradients.
+  const double unscale = gradient_accumulation_steps() * world / red.micro_batches / loss_scale();
+  at::Tensor grads = dtype_ == at::kFloat ? red.grads : red.grads.to(at::kFloat);
+  if (unscale != 1.0) grads.mul_(unscale);
 
   // 2. Global gradient norm: of the whole gradient (stage 0, every rank holds it), or from the
-  // shards' squared norms summed over ranks (stage 1); the same number either way.
+  // shards' squared norms summed over ranks; the same number either way.
   const double grad_norm = red.grad_sq_norm < 0 ? grads.norm().item<double>()
-                                                : std::sqrt(red.grad_sq_norm) * rescale;
+                                                : std::sqrt(red.grad_sq_norm) * unscale;
+  if (!std::isfinite(grad_norm) && scaler_) return skip_step(loss, lr);
   if (!std::isfinite(grad_norm)) abandon_window();
   DSCPP_CHECK(std::isfinite(grad_norm), Error, "the gradient norm is ", grad_norm,
               " at optimizer step ", global_steps_ + 1,
@@ -335,20 +428,23 @@ void Engine::apply_step() {
     const double coef = clip / (grad_norm + 1e-6);
     if (coef < 1.0) grads.mul_(coef);
   }
-  // 4. The optimizer step at the LR in force, then the schedule ticks.
-  const double lr = get_lr();
+  // 4. The optimizer step at the LR in force on the (fp32 master) weights, the update cast
+  // back into the training dtype and all-gathered (stages 1-2), then the schedule ticks.
   DSCPP_LOG_DEBUG("optimizer step {}: loss {:.6f}, grad_norm {:.6f}, lr {:.6e}", global_steps_ + 1,
                   loss, grad_norm, lr);
   if (optimizer_) {
     optim::StepContext ctx;
     ctx.lr = lr;
-    ctx.step = global_steps_ + 1;
+    ctx.step = global_steps_ + 1 - skipped_steps_;
     ctx.betas_override = lr_schedule_ ? lr_schedule_->get_betas() : std::nullopt;
-    optimizer_->step(red.params, grads, ctx);
+    optimizer_->step(master_, grads, ctx);
   } else {
     client_optimizer_->step();
   }
+  grads = at::Tensor();
+  if (dtype_ != at::kFloat) reducer_->padded_params().narrow(0, shard_offset_, shard_numel_).copy_(master_);
   if (stage_ > 0) gather_params();
+  if (scaler_) scaler_->update(/*overflow=*/false);
   if (lr_schedule_) lr_schedule_->step();
   if (client_lr_scheduler_) client_lr_scheduler_->step();
   t_optimizer_ += seconds_since(t_opt);
@@ -356,9 +452,39 @@ void Engine::apply_step() {
   ++global_steps_;
   double window_s = seconds_since(window_start_);
   last_step_ = StepStats{global_steps_, loss, lr, grad_norm,
-                         window_s > 0 ? train_batch_size() / window_s : 0, window_s};
+                         window_s > 0 ? train_batch_size() / window_s : 0, window_s,
+                         loss_scale(), false};
   if (config_.steps_per_print > 0 && global_steps_ % config_.steps_per_print == 0) log_step();
   abandon_window();  // zeroes the gradients, resets the window's counters and timers
+}
+
+void Engine::skip_step(double loss, double lr) {
+  // DeepSpeed's fp16 overflow: no update, no schedule tick, the step still counts.
+  const double used = loss_scale();
+  abandon_window();
+  ++skipped_steps_;
+  ++global_steps_;
+  scaler_->update(/*overflow=*/true);  // throws at the minimum scale
+  double window_s = seconds_since(window_start_);
+  last_step_ = StepStats{global_steps_, loss, lr, std::nan(""), 0, window_s, used, true};
+  if (comm_->rank() == 0) {
+    DSCPP_LOG_INFO("step {}: fp16 gradient overflow with loss scale {}; update skipped ({} so "
+                   "far), {}", global_steps_, used, skipped_steps_, scaler_->describe());
+  }
+}
+
+double Engine::loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
+
+MemoryStats Engine::memory_stats() {
+  MemoryStats m;
+  m.params = static_cast<int64_t>(reducer_->padded_params().nbytes());
+  m.grads = reducer_->grad_bytes();
+  m.master = dtype_ == at::kFloat ? 0 : static_cast<int64_t>(master_.nbytes());
+  if (optimizer_) {
+    for (auto& [name, t] : optimizer_->state()) m.optimizer_state += static_cast<int64_t>(t.nbytes());
+  }
+  m.staging = reducer_->staging_bytes();
+  return m;
 }
 
 void Engine::write_side_channel() {
@@ -376,6 +502,7 @@ void Engine::log_step() const {
                                  s.step, s.loss, s.lr, s.grad_norm, s.samples_per_s);
   if (tokens_per_sample_ > 0)
     line += fmt::format(" | {:.0f} tokens/s", s.samples_per_s * tokens_per_sample_);
+  if (scaler_) line += fmt::format(" | loss scale {} | skipped {}", s.loss_scale, skipped_steps_);
   line += fmt::format(" | rss {:.2f} GiB", rss_gib());
   if (config_.wall_clock_breakdown) {
     line += fmt::format(" | window {:.1f} ms: forward+data {:.1f} ms, backward {:.1f} ms (waiting "
@@ -386,7 +513,13 @@ void Engine::log_step() const {
   DSCPP_LOG_INFO("{}", line);
 }
 
-Engine::NoSync::NoSync(Engine& e) : engine_(e) { ++engine_.no_sync_depth_; }
+Engine::NoSync::NoSync(Engine& e) : engine_(e) {
+  DSCPP_CHECK(engine_.stage_ < 2, Error,
+              "no_sync() is incompatible with ZeRO stage ", engine_.stage_, ": its gradients are "
+              "reduce-scattered into shards as backward runs (DeepSpeed's rule too). HINT: use "
+              "gradient_accumulation_steps, which accumulates without extra memory, or stage 0/1");
+  ++engine_.no_sync_depth_;
+}
 Engine::NoSync::~NoSync() { --engine_.no_sync_depth_; }
 
 std::shared_ptr<Engine> initialize(std::shared_ptr<torch::nn::Module> model,

@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "dscpp/error.h"
@@ -30,13 +31,14 @@ class ReadyHook final : public torch::autograd::FunctionPostHook {
 }  // namespace
 
 GradReducer::GradReducer(std::vector<at::Tensor> params, std::vector<std::string> names,
-                         comm::Communicator& comm, GradReduceOptions options,
-                         int64_t side_channel, int64_t pad_multiple)
+                         comm::Communicator& comm, GradReduceOptions options, int64_t side_channel)
     : params_(std::move(params)), names_(std::move(names)), comm_(comm), options_(options) {
   DSCPP_CHECK(!params_.empty(), ConfigError,
               "the model has no trainable parameters (requires_grad). HINT: nothing to train");
   DSCPP_CHECK(options_.reduce_bucket_size > 0, ConfigError,
               "zero_optimization.reduce_bucket_size must be > 0");
+  DSCPP_CHECK(side_channel == 0 || (options_.mode == ReduceMode::kAllReduce && options_.dtype == at::kFloat),
+              Error, "internal: the gradient side channel needs fp32 all-reduce");
   auto device = params_[0].device();
   int64_t total = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -51,21 +53,28 @@ GradReducer::GradReducer(std::vector<at::Tensor> params, std::vector<std::string
     segments_.emplace_back(total, p.numel());
     total += p.numel();
   }
-  auto opts = params_[0].options().requires_grad(false);
+  auto opts = params_[0].options().dtype(options_.dtype).requires_grad(false);
   numel_ = total;
-  const int64_t padded = (total + pad_multiple - 1) / pad_multiple * pad_multiple;
+  // Padded so that every rank's shard is equal (ZeRO); stage 0 only ever reads [0, numel).
+  const int64_t world = comm_.world_size();
+  const int64_t padded = (total + world - 1) / world * world;
   flat_params_ = at::zeros({padded}, opts);
-  grad_storage_ = at::zeros({padded + side_channel}, opts);
-  flat_grads_ = grad_storage_.narrow(0, 0, padded);
-  side_channel_ = grad_storage_.narrow(0, padded, side_channel);
   {
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < params_.size(); ++i) {
       auto [off, n] = segments_[i];
       flat_params_.narrow(0, off, n).copy_(params_[i].reshape({-1}));
       params_[i].set_data(flat_params_.narrow(0, off, n).view(params_[i].sizes()));
-      params_[i].mutable_grad() = flat_grads_.narrow(0, off, n).view(params_[i].sizes());
     }
+  }
+  if (options_.mode == ReduceMode::kReduceScatter) {
+    grad_shard_ = at::zeros({shard_numel()}, opts);
+    for (auto& p : params_) p.mutable_grad() = at::Tensor();
+  } else {
+    grad_storage_ = at::zeros({padded + side_channel}, opts);
+    flat_grads_ = grad_storage_.narrow(0, 0, padded);
+    side_channel_ = grad_storage_.narrow(0, padded, side_channel);
+    attach_grad_views();
   }
   // Buckets from the end of the buffer; a parameter is never split across buckets.
   bucket_of_param_.assign(params_.size(), -1);
@@ -81,6 +90,14 @@ GradReducer::GradReducer(std::vector<at::Tensor> params, std::vector<std::string
     b.numel += segments_[i].second;
     bucket_of_param_[i] = static_cast<int>(buckets_.size()) - 1;
   }
+  if (options_.mode == ReduceMode::kReduceScatter && options_.contiguous_gradients) {
+    int64_t largest = 0;
+    for (const auto& b : buckets_) largest = std::max(largest, b.numel);
+    const int slots = options_.overlap_comm ? 2 : 1;
+    for (int s = 0; s < slots; ++s) staging_.push_back(at::empty({largest}, opts));
+    staging_busy_.assign(slots, false);
+  }
+  got_grad_.assign(params_.size(), 0);
   for (size_t i = 0; i < params_.size(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
     DSCPP_CHECK(acc, Error, "parameter '", names_[i], "' has no gradient accumulator");
@@ -95,9 +112,16 @@ GradReducer::GradReducer(std::vector<at::Tensor> params, std::vector<std::string
 
 GradReducer::~GradReducer() {
   for (auto& [acc, key] : hooks_) acc->del_post_hook(key);
+  // Reductions still in flight (a backward that threw) must finish before their buffers go.
+  for (auto& f : in_flight_) {
+    try {
+      f.work->wait();
+    } catch (...) {
+    }
+  }
 }
 
-void GradReducer::reattach_grads() {
+void GradReducer::attach_grad_views() {
   // A user's model->zero_grad() (set_to_none in libtorch 2.x) or optimizer may have replaced a
   // gradient; put the flat-buffer view back so reductions and the optimizer see it.
   at::NoGradGuard no_grad;
@@ -113,19 +137,25 @@ void GradReducer::reattach_grads() {
 }
 
 void GradReducer::prepare_backward(bool reduce) {
-  reattach_grads();
+  if (options_.mode == ReduceMode::kReduceScatter) {
+    // Every backward reduces (the shard accumulates); autograd allocates fresh gradients.
+    reduce = true;
+    for (auto& p : params_) p.mutable_grad() = at::Tensor();
+  } else {
+    attach_grad_views();
+  }
+  if (options_.mode == ReduceMode::kDeferred) reduce = false;
   std::lock_guard<std::mutex> g(mu_);
   reducing_ = reduce;
   next_bucket_ = 0;
   works_.clear();
-  for (auto& b : buckets_) {
-    b.pending = static_cast<int>(b.params.size());
-    b.launched = false;
-  }
+  std::fill(got_grad_.begin(), got_grad_.end(), 0);
+  for (auto& b : buckets_) b.pending = static_cast<int>(b.params.size());
 }
 
 void GradReducer::on_grad_ready(int param) {
   std::lock_guard<std::mutex> g(mu_);
+  got_grad_[param] = 1;
   if (!reducing_) return;
   Bucket& b = buckets_[bucket_of_param_[param]];
   if (b.pending > 0) --b.pending;
@@ -134,52 +164,152 @@ void GradReducer::on_grad_ready(int param) {
 
 void GradReducer::launch_in_order_locked() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
-    launch(buckets_[next_bucket_]);
+    if (options_.mode == ReduceMode::kReduceScatter) launch_reduce_scatter(buckets_[next_bucket_]);
+    else launch_all_reduce(buckets_[next_bucket_]);
     ++next_bucket_;
   }
 }
 
-void GradReducer::launch(Bucket& b) {
-  // DeepSpeed's order of scaling (engine.allreduce_bucket): with prescale_gradients divide by
-  // the world size before summing; otherwise divide by gradient_predivide_factor before and
-  // multiply by predivide / world after (finish_backward). Both give the mean over ranks.
+namespace {
+// DeepSpeed's order of scaling (engine.allreduce_bucket): with prescale_gradients divide by the
+// world size before summing; otherwise divide by gradient_predivide_factor before and multiply by
+// predivide / world after. Both give the mean over ranks.
+void prescale(at::Tensor& t, const GradReduceOptions& o, int world) {
+  if (o.prescale_gradients) t.div_(world);
+  else if (o.gradient_predivide_factor != 1.0) t.mul_(1.0 / o.gradient_predivide_factor);
+}
+double postscale_factor(const GradReduceOptions& o, int world) {
+  return o.prescale_gradients ? 1.0 : o.gradient_predivide_factor / world;
+}
+}  // namespace
+
+void GradReducer::launch_all_reduce(Bucket& b) {
   auto slice = flat_grads_.narrow(0, b.offset, b.numel);
+  prescale(slice, options_, comm_.world_size());
   // The bucket at the end of the parameters also carries the padding and the side channel
   // (NOTE [side channel]).
   const bool last = b.offset + b.numel == numel_;
   const int64_t end = last ? grad_storage_.numel() : b.offset + b.numel;
-  const double pre = options_.gradient_predivide_factor;
-  if (options_.prescale_gradients) slice.div_(comm_.world_size());
-  else if (pre != 1.0) slice.mul_(1.0 / pre);
-  b.launched = true;
   works_.push_back(comm_.all_reduce(grad_storage_.narrow(0, b.offset, end - b.offset),
                                     comm::ReduceOp::sum));
 }
 
+void GradReducer::launch_reduce_scatter(Bucket& b) {
+  // A staging buffer: a free persistent one (contiguous_gradients), waiting for the oldest
+  // reduction in flight when both are busy, or a fresh one.
+  int slot = -1;
+  at::Tensor staging;
+  if (!staging_.empty()) {
+    for (;;) {
+      for (size_t s = 0; s < staging_.size() && slot < 0; ++s) {
+        if (!staging_busy_[s]) slot = static_cast<int>(s);
+      }
+      if (slot >= 0) break;
+      retire_oldest_locked();
+    }
+    staging_busy_[slot] = true;
+    staging = staging_[slot].narrow(0, 0, b.numel);
+  } else {
+    staging = at::empty({b.numel}, flat_params_.options());
+  }
+  // Gather the bucket's gradients (zeros for a parameter that got none) and release them.
+  for (int p : b.params) {
+    auto [off, n] = segments_[p];
+    at::Tensor dst = staging.narrow(0, off - b.offset, n);
+    const at::Tensor& grad = params_[p].grad();
+    if (grad.defined()) dst.copy_(grad.reshape({-1}));
+    else dst.zero_();
+    params_[p].mutable_grad() = at::Tensor();
+  }
+  const int world = comm_.world_size();
+  prescale(staging, options_, world);
+  // The part of [b.offset, b.offset + b.numel) in each rank's shard; the ranks' parts are
+  // consecutive, so this rank's part starts where the earlier ranks' parts end.
+  const int64_t S = shard_numel();
+  std::vector<int64_t> counts(world);
+  for (int r = 0; r < world; ++r) {
+    const int64_t lo = std::max(b.offset, r * S), hi = std::min(b.offset + b.numel, (r + 1) * S);
+    counts[r] = std::max<int64_t>(0, hi - lo);
+  }
+  const int rank = comm_.rank();
+  const int64_t own_start = std::clamp(rank * S, b.offset, b.offset + b.numel);
+  InFlight f;
+  f.staging = staging;
+  f.result = staging.narrow(0, own_start - b.offset, counts[rank]);
+  f.shard_pos = own_start - rank * S;
+  f.slot = slot;
+  f.work = options_.reduce_scatter ? comm_.reduce_scatter(f.result, staging, counts)
+                                   : comm_.all_reduce(staging, comm::ReduceOp::sum);
+  in_flight_.push_back(std::move(f));
+  if (!options_.overlap_comm) retire_oldest_locked();
+}
+
+void GradReducer::retire_oldest_locked() {
+  InFlight f = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  f.work->wait();
+  const double factor = postscale_factor(options_, comm_.world_size());
+  if (f.result.numel() > 0) {
+    at::Tensor dst = grad_shard_.narrow(0, f.shard_pos, f.result.numel());
+    if (factor != 1.0) dst.add_(f.result, factor);
+    else dst.add_(f.result);
+  }
+  if (f.slot >= 0) staging_busy_[f.slot] = false;
+}
+
 double GradReducer::finish_backward() {
   std::vector<comm::WorkHandle> works;
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    if (!reducing_) return 0;
-    for (auto& b : buckets_) b.pending = 0;  // unused parameters: reduce what is there
-    launch_in_order_locked();
-    works.swap(works_);
-    reducing_ = false;
-  }
+  std::unique_lock<std::mutex> g(mu_);
+  if (!reducing_) return 0;
+  for (auto& b : buckets_) b.pending = 0;  // unused parameters: reduce what is there
+  launch_in_order_locked();
+  works.swap(works_);
+  reducing_ = false;
   auto t0 = std::chrono::steady_clock::now();
+  while (!in_flight_.empty()) retire_oldest_locked();
+  g.unlock();
   for (auto& w : works) w->wait();
-  if (!options_.prescale_gradients) {
-    const double factor = options_.gradient_predivide_factor / comm_.world_size();
+  if (options_.mode == ReduceMode::kAllReduce) {
+    const double factor = postscale_factor(options_, comm_.world_size());
     if (factor != 1.0) flat_grads_.narrow(0, 0, numel_).mul_(factor);
   }
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void GradReducer::reduce_all_now() {
+  DSCPP_CHECK(options_.mode == ReduceMode::kAllReduce, Error,
+              "internal: reduce_all_now() is for the all-reduce mode");
   prepare_backward(true);
   finish_backward();
 }
 
-void GradReducer::zero_grads() { grad_storage_.zero_(); }
+std::vector<std::string> GradReducer::unused_in_last_backward() const {
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<std::string> out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!got_grad_[i]) out.push_back(names_[i]);
+  }
+  return out;
+}
+
+int64_t GradReducer::grad_bytes() const {
+  const at::Tensor& t = options_.mode == ReduceMode::kReduceScatter ? grad_shard_ : grad_storage_;
+  return static_cast<int64_t>(t.nbytes());
+}
+
+int64_t GradReducer::staging_bytes() const {
+  int64_t total = 0;
+  for (const auto& s : staging_) total += static_cast<int64_t>(s.nbytes());
+  return total;
+}
+
+void GradReducer::zero_grads() {
+  if (options_.mode == ReduceMode::kReduceScatter) {
+    grad_shard_.zero_();
+    for (auto& p : params_) p.mutable_grad() = at::Tensor();
+  } else {
+    grad_storage_.zero_();
+  }
+}
 
 }  // namespace dscpp::engine

@@ -1,22 +1,36 @@
-// GradReducer: the data-parallel gradient path of ZeRO stage 0.
+// GradReducer: the data-parallel gradient path of ZeRO stages 0, 1 and 2.
 //
-// The model's trainable parameters become views into one flat fp32 buffer and their gradients
-// views into a second one (so autograd accumulates straight into the buffer the collectives
-// and the fused optimizer use; no copies per step). The gradient buffer is cut into buckets of
-// about reduce_bucket_size elements, taken from the end of the buffer (the last parameters'
-// gradients are ready first in backward). A post-hook on each parameter's gradient
-// accumulator counts a bucket down; when a backward must reduce, a bucket whose gradients are
-// all ready is all-reduced at once, while backward goes on.
+// The model's trainable parameters become views into one flat buffer in the training dtype
+// (fp32, or bf16/fp16 under mixed precision), padded with zeros so that every rank's shard is
+// equal. The buffer is cut into buckets of about reduce_bucket_size elements, taken from the end
+// (the last parameters' gradients are ready first in backward); a parameter is never split. A
+// post-hook on each parameter's gradient accumulator counts its bucket down.
+//
+// Mode kAllReduce (stage 0) and kDeferred (stage 1): the gradients are views into a second flat
+// buffer, so autograd accumulates straight into the buffer the collectives and the optimizer
+// use. kAllReduce all-reduces each bucket as soon as it is complete during a reducing backward;
+// kDeferred never communicates in backward (the engine reduce-scatters at the boundary).
+//
+// Mode kReduceScatter (stage 2): there is no full gradient buffer. Autograd allocates each
+// parameter's gradient; when a bucket is complete its gradients are copied into a staging
+// buffer, released, and the bucket is reduce-scattered (every rank receives the part of the
+// bucket that falls in its shard) and added into this rank's gradient shard, which accumulates
+// over the micro-steps. Every backward reduces. `overlap_comm` lets up to two buckets be in
+// flight while backward goes on (else each reduction finishes inside the hook);
+// `contiguous_gradients` keeps the staging buffers allocated for the whole run (else each is
+// allocated per bucket and freed once reduced); `reduce_scatter` false all-reduces the bucket
+// and keeps this rank's part, as DeepSpeed does.
 //
 // NOTE [bucket order]: buckets are launched strictly in index order on every rank, even if
 // a later bucket is ready first, so ranks always issue the same collectives in the same
 // order (a parameter unused on one rank only cannot reorder them). Buckets still pending
-// when backward returns (unused parameters) are launched then, in order.
+// when backward returns (unused parameters) are launched then, in order, with zeros for the
+// missing gradients.
 //
-// NOTE [side channel]: the gradient buffer has `side_channel` extra elements after the last
-// parameter. They ride along in the first bucket launched (the one at the end of the buffer)
-// and are summed over ranks but never scaled, so the engine gets per-step statistics (the
-// window's loss, which ranks saw a non-finite one) without a collective of their own.
+// NOTE [side channel]: the gradient buffer has `side_channel` extra elements after the padding
+// (kAllReduce only). They ride along in the first bucket launched (the one at the end of the
+// buffer) and are summed over ranks but never scaled, so the engine gets per-step statistics
+// (the window's loss, which ranks saw a non-finite one) without a collective of their own.
 //
 // Threading: hooks run on the autograd thread(s); the bucket state is guarded by a mutex.
 #pragma once
@@ -24,6 +38,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/function.h>
 
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -34,48 +49,67 @@
 
 namespace dscpp::engine {
 
+enum class ReduceMode { kAllReduce, kDeferred, kReduceScatter };
+
 struct GradReduceOptions {
+  ReduceMode mode = ReduceMode::kAllReduce;
+  at::ScalarType dtype = at::kFloat;       // of the parameters and gradients in training
   int64_t reduce_bucket_size = 500000000;  // elements per bucket (DeepSpeed's unit)
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;
+  // kReduceScatter only (DeepSpeed's meaning, see above).
+  bool overlap_comm = false;
+  bool contiguous_gradients = true;
+  bool reduce_scatter = true;
 };
 
 class GradReducer {
  public:
-  // `params`: the trainable parameters, distinct, fp32, contiguous-able, on one device.
-  // Replaces each parameter's storage by a view into the flat buffer (values kept).
-  // The flat buffers are padded with zeros to a multiple of `pad_multiple` elements (ZeRO: the
-  // world size, so every rank's shard is equal).
+  // `params`: the trainable parameters, distinct, fp32, on one device. Replaces each
+  // parameter's storage by a view into the flat buffer, cast to options.dtype. The flat buffer
+  // is padded with zeros to a multiple of the world size (for kAllReduce: not padded).
+  // `side_channel`: extra gradient elements summed in the first bucket (kAllReduce only).
   GradReducer(std::vector<at::Tensor> params, std::vector<std::string> names,
-              comm::Communicator& comm, GradReduceOptions options, int64_t side_channel = 0,
-              int64_t pad_multiple = 1);
+              comm::Communicator& comm, GradReduceOptions options, int64_t side_channel = 0);
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
 
-  // Call before loss.backward(): whether this backward averages gradients over ranks.
+  // Call before loss.backward(): whether this backward reduces gradients over ranks
+  // (kReduceScatter always does; kDeferred never).
   void prepare_backward(bool reduce);
   // Call after loss.backward(): launches the buckets still pending (in order) and waits for
   // every reduction of this backward. Returns the seconds spent waiting.
   double finish_backward();
-  // Averages the accumulated gradients over ranks outside a backward (flush at the end of an
-  // epoch), bucket by bucket; blocks until done.
+  // Averages the accumulated gradients over ranks outside a backward (kAllReduce: flush at the
+  // end of an epoch), bucket by bucket; blocks until done.
   void reduce_all_now();
+  // Names of the parameters that got no gradient in the last backward on this rank.
+  std::vector<std::string> unused_in_last_backward() const;
 
-  at::Tensor flat_params() const { return flat_params_.narrow(0, 0, numel_); }  // [numel] fp32
-  at::Tensor flat_grads() const { return flat_grads_.narrow(0, 0, numel_); }    // [numel] fp32
-  // The same buffers with their zero padding: [padded_numel] fp32.
+  at::Tensor flat_params() const { return flat_params_.narrow(0, 0, numel_); }  // [numel]
+  // The parameters with their zero padding: [padded_numel].
   at::Tensor padded_params() const { return flat_params_; }
+  // kAllReduce/kDeferred: the gradients, [numel] and with padding [padded_numel].
+  at::Tensor flat_grads() const { return flat_grads_.narrow(0, 0, numel_); }
   at::Tensor padded_grads() const { return flat_grads_; }
+  // kReduceScatter: this rank's shard of the averaged gradient, summed over the micro-steps.
+  at::Tensor grad_shard() const { return grad_shard_; }
   // [side_channel] fp32: written before a reducing backward, summed over ranks by it.
   at::Tensor side_channel() const { return side_channel_; }
   int64_t numel() const { return numel_; }
   int64_t padded_numel() const { return flat_params_.numel(); }
+  int64_t shard_numel() const { return padded_numel() / comm_.world_size(); }
+  int64_t shard_offset() const { return comm_.rank() * shard_numel(); }
   const std::vector<at::Tensor>& params() const { return params_; }
   const std::vector<std::string>& names() const { return names_; }
   // [offset, numel) of each parameter in the flat buffers.
   const std::vector<std::pair<int64_t, int64_t>>& segments() const { return segments_; }
   size_t num_buckets() const { return buckets_.size(); }
+  // Bytes of the gradient buffers held between steps (full buffer or shard) and of the staging
+  // buffers (kReduceScatter with contiguous_gradients).
+  int64_t grad_bytes() const;
+  int64_t staging_bytes() const;
   void zero_grads();
 
  private:
@@ -84,12 +118,22 @@ class GradReducer {
     int64_t numel = 0;
     std::vector<int> params;
     int pending = 0;
-    bool launched = false;
+  };
+  // A launched reduction of one bucket (kReduceScatter): where its result lands.
+  struct InFlight {
+    comm::WorkHandle work;
+    at::Tensor staging;  // keeps the buffer alive until the reduction is done
+    at::Tensor result;   // this rank's part of the bucket (a view of `staging`)
+    int64_t shard_pos = 0;  // where `result` is added in grad_shard_
+    int slot = -1;          // staging slot to release (contiguous_gradients), or -1
   };
   void on_grad_ready(int param);
   void launch_in_order_locked();
-  void launch(Bucket& b);
-  void reattach_grads();
+  void launch_all_reduce(Bucket& b);
+  void launch_reduce_scatter(Bucket& b);
+  // Waits for the oldest in-flight reduction and adds its part into the shard.
+  void retire_oldest_locked();
+  void attach_grad_views();
 
   std::vector<at::Tensor> params_;
   std::vector<std::string> names_;
@@ -100,17 +144,22 @@ class GradReducer {
   at::Tensor flat_params_;
   at::Tensor flat_grads_;
   at::Tensor side_channel_;
-  at::Tensor grad_storage_;  // [numel + side_channel]: flat_grads_ and side_channel_ are views
+  at::Tensor grad_storage_;  // [padded + side_channel]: flat_grads_ and side_channel_ are views
+  at::Tensor grad_shard_;    // kReduceScatter: [shard_numel]
+  std::vector<at::Tensor> staging_;  // contiguous_gradients: persistent staging buffers
+  std::vector<bool> staging_busy_;
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_param_;
+  std::vector<char> got_grad_;
   // The hooked gradient accumulators (kept alive) and their hook keys, removed on destruction so
   // a model that outlives its engine never calls into a dead reducer.
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   bool reducing_ = false;
   size_t next_bucket_ = 0;
-  std::vector<comm::WorkHandle> works_;
+  std::vector<comm::WorkHandle> works_;  // kAllReduce
+  std::deque<InFlight> in_flight_;       // kReduceScatter
 };
 
 }  // namespace dscpp::engine

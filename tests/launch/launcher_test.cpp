@@ -529,8 +529,14 @@ TEST(LaunchProcess, OutputIsPrefixedPerRankAndStream) {
                      "echo out-$RANK; echo err-$RANK >&2; echo second-$RANK; printf part-$RANK"});
   ASSERT_EQ(r.code, 0) << dump(r);
   for (std::string n : {"0", "1"}) {
-    EXPECT_TRUE(contains(r.out, "[rank " + n + "] out-" + n + "\n[rank " + n + "] second-" + n +
-                                    "\n[rank " + n + "] part-" + n + "\n"))
+    // Each rank's lines in its own order; the two ranks' lines may interleave.
+    std::string mine;
+    std::istringstream lines(r.out);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("[rank " + n + "] ", 0) == 0) mine += line + "\n";
+    }
+    EXPECT_EQ(mine, "[rank " + n + "] out-" + n + "\n[rank " + n + "] second-" + n + "\n[rank " +
+                        n + "] part-" + n + "\n")
         << dump(r);
     EXPECT_TRUE(contains(r.err, "[rank " + n + "] err-" + n + "\n")) << dump(r);
     EXPECT_FALSE(contains(r.out, "err-" + n)) << dump(r);
