@@ -82,6 +82,7 @@ class Communicator {
   WorkHandle reduce_scatter(at::Tensor output, at::Tensor input, ReduceOp op = ReduceOp::sum);
 
   // input: [counts[rank]]; output: [sum(counts)] receives every rank's input in rank order.
+  // input may be the output's own chunk `rank` (in place, as ZeRO gathers parameters).
   virtual WorkHandle all_gather(at::Tensor output, at::Tensor input,
                                 std::vector<int64_t> counts) = 0;
   // Equal chunks: output.numel() == world_size() * input.numel().

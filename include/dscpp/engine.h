@@ -95,7 +95,9 @@ class Engine {
   // At the end of an epoch whose micro-batches do not fill the last accumulation window:
   // averages what was accumulated over the micro-batches actually taken on all ranks (ranks may
   // have taken different numbers) and applies one optimizer step; no step when no rank took
-  // any. A collective: every rank must call it at the same point.
+  // any. A collective: every rank must call it at the same point. At ZeRO stage 2 every
+  // backward is itself a collective, so there every rank must have taken the same number of
+  // micro-steps (DSCPP_DEBUG_SYNC=1 names a mismatch at once instead of at the timeout).
   void flush_accumulation();
 
   // RAII scope in which backward() does not average gradients over ranks, even at a boundary
@@ -144,7 +146,7 @@ class Engine {
   struct Reduced {
     at::Tensor grads;  // in the training dtype; stage 0: everything; stages 1-2: this rank's shard
     double loss_sum = 0, micro_batches = 0;
-    double grad_sq_norm = -1;  // stages 1-2: summed over the shards; -1: compute from grads
+    double grad_sq_norm = 0;  // of the averaged gradient (stages 1-2: summed over the shards)
     std::string nonfinite_ranks;
   };
   Reduced reduce_window();

@@ -280,7 +280,7 @@ WorkHandle C10dCommunicator::all_reduce(at::Tensor tensor, ReduceOp op) {
       RingContext ctx{*backend_, rank_, world_size_, ring_tag_base(seq), options_.timeout};
       ring_reduce_scatter(ctx, mine, flat, counts, op);
       ctx.tag_base += 2048;  // the all-gather's steps get tags of their own
-      ring_all_gather(ctx, flat, mine.clone(), counts);
+      ring_all_gather(ctx, flat, mine, counts);  // in place
       return {};
     }
     std::vector<at::Tensor> v{tensor};
@@ -318,6 +318,25 @@ WorkHandle C10dCommunicator::reduce_scatter(at::Tensor output, at::Tensor input,
       if (op == ReduceOp::avg) out.div_(world_size_);
       return {};
     }
+    if (native_flat_) {
+      // NOTE [uneven on NCCL]: NCCL has no uneven reduce-scatter, and the ring's separate send
+      // and recv calls can deadlock on one NCCL stream. Each non-empty chunk is reduced to its
+      // owner instead, as DeepSpeed's stage 2 does; non-roots' buffers are only read.
+      auto off = offsets_of(counts);
+      for (int r = 0; r < world_size_; ++r) {
+        if (counts[r] == 0) continue;
+        at::Tensor chunk = in.narrow(0, off[r], counts[r]);
+        if (r == rank_ && out.data_ptr() != chunk.data_ptr()) out.copy_(chunk);
+        std::vector<at::Tensor> v{r == rank_ ? out : chunk};
+        c10d::ReduceOptions o;
+        o.reduceOp = to_c10d(op);
+        o.rootRank = r;
+        o.timeout = options_.timeout;
+        wait_c10d(backend_->reduce(v, o));
+      }
+      if (op == ReduceOp::avg) out.div_(world_size_);
+      return {};
+    }
     RingContext ctx{*backend_, rank_, world_size_, ring_tag_base(seq), options_.timeout};
     ring_reduce_scatter(ctx, out, in, counts, op);
     return {};
@@ -343,6 +362,21 @@ WorkHandle C10dCommunicator::all_gather(at::Tensor output, at::Tensor input,
       c10d::AllgatherOptions o;
       o.timeout = options_.timeout;
       wait_c10d(backend_->_allgather_base(out, in, o));
+      return {};
+    }
+    if (native_flat_) {
+      // NOTE [uneven on NCCL]: each non-empty chunk is broadcast from its owner.
+      auto off = offsets_of(counts);
+      for (int r = 0; r < world_size_; ++r) {
+        if (counts[r] == 0) continue;
+        at::Tensor chunk = out.narrow(0, off[r], counts[r]);
+        if (r == rank_) chunk.copy_(in);
+        std::vector<at::Tensor> v{chunk};
+        c10d::BroadcastOptions o;
+        o.rootRank = r;
+        o.timeout = options_.timeout;
+        wait_c10d(backend_->broadcast(v, o));
+      }
       return {};
     }
     RingContext ctx{*backend_, rank_, world_size_, ring_tag_base(seq), options_.timeout};

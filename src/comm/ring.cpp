@@ -9,6 +9,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include "dscpp/error.h"
 
 namespace dscpp::comm {
@@ -24,12 +26,6 @@ void wait_both(const RingContext& ctx, c10::intrusive_ptr<compat::C10dWork>& a,
     DSCPP_CHECK(ok, CommTimeout, "point-to-point transfer did not complete within ",
                 ctx.timeout.count(), " ms");
   }
-}
-
-std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts) {
-  std::vector<int64_t> off(counts.size() + 1, 0);
-  for (size_t i = 0; i < counts.size(); ++i) off[i + 1] = off[i] + counts[i];
-  return off;
 }
 
 void accumulate(at::Tensor& acc, const at::Tensor& x, ReduceOp op) {
@@ -71,31 +67,47 @@ void exchange(const RingContext& ctx, int step, at::Tensor out, at::Tensor in) {
 
 }  // namespace
 
+std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> off(counts.size() + 1, 0);
+  for (size_t i = 0; i < counts.size(); ++i) off[i + 1] = off[i] + counts[i];
+  return off;
+}
+
 void ring_reduce_scatter(const RingContext& ctx, at::Tensor& output, const at::Tensor& input,
                          const std::vector<int64_t>& counts, ReduceOp op) {
   const int n = ctx.world_size, r = ctx.rank;
   auto off = offsets_of(counts);
-  auto chunk = [&](int c) { return input.narrow(0, off[c], counts[c]); };
   if (n == 1) {
     output.copy_(input);
     return;
   }
-  int64_t max_chunk = *std::max_element(counts.begin(), counts.end());
-  at::Tensor bufs[2] = {at::empty({max_chunk}, input.options()),
-                        at::empty({max_chunk}, input.options())};
-  at::Tensor sending = chunk(mod(r - 1, n));  // step 0 sends this rank's own data
-  for (int s = 0; s < n - 1; ++s) {
-    int c = mod(r - 2 - s, n);
-    at::Tensor into = bufs[s % 2].narrow(0, 0, counts[c]);
-    exchange(ctx, s, sending, into);
-    if (s == n - 2) {
-      // c == r: the result goes to output, which may alias input chunk r (in place); reading
-      // chunk r and writing output element by element is safe either way.
-      combine_into(output, into, chunk(c), op);
-    } else {
-      accumulate(into, chunk(c), op);
+  // The ring runs piece by piece (piece j of every chunk at a time), so its two buffers stay
+  // small whatever the chunk size: ZeRO reduce-scatters whole gradient buffers.
+  const int64_t max_chunk = *std::max_element(counts.begin(), counts.end());
+  const int64_t piece = std::min(max_chunk, kRingPieceElements);
+  at::Tensor bufs[2] = {at::empty({piece}, input.options()), at::empty({piece}, input.options())};
+  for (int64_t start = 0; start < max_chunk; start += piece) {
+    // Piece `start` of chunk c: [start, start + piece) of it, clipped to its length.
+    auto part = [&](const at::Tensor& t, int64_t base, int c) {
+      const int64_t from = std::min(start, counts[c]);
+      return t.narrow(0, base + from, std::min(piece, counts[c] - from));
+    };
+    at::Tensor sending = part(input, off[mod(r - 1, n)], mod(r - 1, n));  // own data first
+    for (int s = 0; s < n - 1; ++s) {
+      const int c = mod(r - 2 - s, n);
+      at::Tensor mine = part(input, off[c], c);
+      at::Tensor into = bufs[s % 2].narrow(0, 0, mine.numel());
+      exchange(ctx, s, sending, into);
+      if (s == n - 2) {
+        // c == r: the result goes to output, which may alias input chunk r (in place); reading
+        // chunk r and writing output element by element is safe either way.
+        at::Tensor out = part(output, 0, r);
+        combine_into(out, into, mine, op);
+      } else {
+        accumulate(into, mine, op);
+      }
+      sending = into;
     }
-    sending = into;
   }
   if (op == ReduceOp::avg) output.div_(n);
 }

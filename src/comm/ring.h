@@ -24,9 +24,15 @@ struct RingContext {
   std::chrono::milliseconds timeout;
 };
 
+// Where each chunk starts: [counts.size() + 1] prefix sums of counts.
+std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts);
+
+// Elements per piece of the reduce-scatter's pipeline (4 MiB of fp32).
+inline constexpr int64_t kRingPieceElements = int64_t{1} << 20;
+
 // output [counts[rank]] gets the reduction of chunk `rank` of input [sum(counts)]. The input is
 // not modified, except where output aliases its chunk `rank` (in place, as ZeRO uses it).
-// Extra memory: two buffers of the largest chunk, while it runs.
+// Extra memory: two buffers of min(largest chunk, kRingPieceElements), while it runs.
 void ring_reduce_scatter(const RingContext& ctx, at::Tensor& output, const at::Tensor& input,
                          const std::vector<int64_t>& counts, ReduceOp op);
 

@@ -73,6 +73,16 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, Config config, InitOpti
               " is not implemented: mixed precision keeps fp32 master weights that only dscpp's "
               "own optimizers update. HINT: describe the optimizer in the config's optimizer "
               "section, or train in fp32");
+  DSCPP_CHECK(!(config_.fp16.enabled && config_.fp16.auto_cast), ConfigError,
+              "fp16.auto_cast is not implemented: dscpp does not cast the model's inputs. HINT: "
+              "set fp16.auto_cast to false and pass inputs in fp16 (or integer token ids)");
+  if (config_.communication_data_type) {
+    const std::string want = dtype_ == at::kBFloat16 ? "bf16" : dtype_ == at::kHalf ? "fp16" : "fp32";
+    DSCPP_CHECK(*config_.communication_data_type == want, ConfigError,
+                "communication_data_type \"", *config_.communication_data_type, "\" is not "
+                "implemented: gradients are reduced in the training dtype (", want, "). HINT: "
+                "remove communication_data_type or set it to \"", want, "\"");
+  }
   if (config_.fp16.enabled) {
     scaler_ = std::make_unique<engine::LossScaler>(engine::LossScalerOptions::from_config(config_.fp16));
   }
@@ -87,17 +97,29 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, Config config, InitOpti
     params.push_back(item.value());
     names.push_back(item.key());
   }
-  // Mixed precision: the fp32 values become the master weights, the model trains on a cast.
-  at::Tensor init32;
-  if (mixed && !params.empty()) {
-    std::vector<at::Tensor> flat;
-    for (auto& p : params) flat.push_back(p.detach().reshape({-1}));
-    init32 = at::cat(flat);
+  // Mixed precision: rank 0's fp32 values become every rank's master weights (this rank's
+  // shard of them, copied piece by piece: no full fp32 copy), the model trains on a cast.
+  const int world = comm_->world_size();
+  if (mixed) {
+    std::vector<comm::WorkHandle> works;
+    for (auto& p : params) works.push_back(comm_->broadcast(p.detach(), 0));
+    for (auto& w : works) w->wait();
+    int64_t numel = 0;
+    for (auto& p : params) numel += p.numel();
+    const int64_t shard = stage_ == 0 ? numel : (numel + world - 1) / world;
+    const int64_t begin = stage_ == 0 ? 0 : comm_->rank() * shard;
+    master_ = at::zeros({shard}, params[0].options().dtype(at::kFloat).requires_grad(false));
+    int64_t off = 0;
+    for (auto& p : params) {
+      const int64_t lo = std::max(off, begin), hi = std::min(off + p.numel(), begin + shard);
+      if (lo < hi) master_.narrow(0, lo - begin, hi - lo).copy_(p.detach().reshape({-1}).narrow(0, lo - off, hi - lo));
+      off += p.numel();
+    }
   }
   const auto& zc = config_.zero_optimization;
   engine::GradReduceOptions ro;
   ro.mode = stage_ == 0 ? engine::ReduceMode::kAllReduce
-          : stage_ == 1 ? engine::ReduceMode::kDeferred
+          : stage_ == 1 ? engine::ReduceMode::kReduceScatterInPlace
                         : engine::ReduceMode::kReduceScatter;
   ro.dtype = dtype_;
   ro.reduce_bucket_size = zc.reduce_bucket_size;
@@ -109,20 +131,15 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, Config config, InitOpti
   // Stage 0 in fp32: the statistics ride in the gradient all-reduce (NOTE [side channel] in
   // grad_reducer.h): [0] the window's loss sum, [1] its micro-steps, [2 + r] 1 when rank r saw a
   // non-finite loss. Otherwise one small all-reduce at the boundary carries them.
-  const int world = comm_->world_size();
   const bool side_channel = stage_ == 0 && !mixed;
   reducer_ = std::make_unique<engine::GradReducer>(params, names, *comm_, ro,
                                                    side_channel ? 2 + world : 0);
   shard_numel_ = stage_ == 0 ? reducer_->numel() : reducer_->shard_numel();
   shard_offset_ = stage_ == 0 ? 0 : reducer_->shard_offset();
-  if (stage_ == 1) {
-    // In place: the reduced shard lands in this rank's own chunk of the gradient buffer, so
-    // stage 1 holds no second gradient shard.
-    grad_shard_ = reducer_->padded_grads().narrow(0, shard_offset_, shard_numel_);
-  } else if (stage_ == 2) {
-    grad_shard_ = reducer_->grad_shard();
-  }
   if (stage_ > 0) {
+    // Stage 1: a view of this rank's chunk of the full gradient buffer, where the in-place
+    // reduce-scatter leaves the sum (no second gradient shard); stage 2: the shard itself.
+    grad_shard_ = reducer_->grad_shard();
     DSCPP_CHECK(config_.optimizer.type != "Lamb", ConfigError,
                 "the Lamb optimizer needs per-parameter norms across shards and is not "
                 "supported with ZeRO stage ", stage_, ". HINT: use stage 0, or Adam/AdamW");
@@ -130,6 +147,17 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, Config config, InitOpti
                    stage_, reducer_->numel(), reducer_->padded_numel(), shard_offset_,
                    shard_offset_ + shard_numel_);
   }
+  // Ranks start identical whatever their seeds: trainable parameters (mixed precision: above),
+  // frozen parameters and buffers from rank 0 (in fp32: Gloo cannot move every dtype).
+  std::vector<comm::WorkHandle> works;
+  if (!mixed) works.push_back(comm_->broadcast(reducer_->flat_params(), 0));
+  for (auto& p : model_->parameters(/*recurse=*/true)) {
+    if (!p.requires_grad() && p.numel() > 0) works.push_back(comm_->broadcast(p.detach(), 0));
+  }
+  for (auto& b : model_->buffers(/*recurse=*/true)) {
+    if (b.defined() && b.numel() > 0) works.push_back(comm_->broadcast(b, 0));
+  }
+  for (auto& w : works) w->wait();
   if (mixed) {
     // Everything else the forward touches trains in the same dtype (DeepSpeed casts the whole
     // module): frozen parameters and floating-point buffers.
@@ -140,23 +168,11 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, Config config, InitOpti
     for (auto& b : model_->buffers(/*recurse=*/true)) {
       if (b.defined() && b.is_floating_point()) b.set_data(b.detach().to(dtype_));
     }
-  }
-
-  // Ranks start identical whatever their seeds: parameters and buffers from rank 0.
-  std::vector<comm::WorkHandle> works{comm_->broadcast(mixed ? init32 : reducer_->flat_params(), 0)};
-  for (auto& b : model_->buffers(/*recurse=*/true)) {
-    if (b.defined() && b.numel() > 0) works.push_back(comm_->broadcast(b, 0));
-  }
-  for (auto& w : works) w->wait();
-  if (mixed) {
-    reducer_->flat_params().copy_(init32);
-    at::Tensor padded = at::zeros({reducer_->padded_numel()}, init32.options());
-    padded.narrow(0, 0, init32.numel()).copy_(init32);
-    master_ = padded.narrow(0, shard_offset_, shard_numel_).clone();
   } else {
     master_ = reducer_->padded_params().narrow(0, shard_offset_, shard_numel_);
   }
-  init32 = at::Tensor();
+  DSCPP_CHECK(master_.numel() == shard_numel_, Error, "internal: master shard of ",
+              master_.numel(), " elements, expected ", shard_numel_);
 
   if (client_optimizer_) {
     DSCPP_CHECK(config_.optimizer.type.empty(), ConfigError,
@@ -214,18 +230,17 @@ void Engine::backward(const at::Tensor& loss) {
   DSCPP_LOG_DEBUG("micro step {}/{} (global step {}): backward{}",
                   micro_steps_ % gradient_accumulation_steps() + 1, gradient_accumulation_steps(),
                   global_steps_, boundary && !no_sync_depth_ ? " + gradient all-reduce" : "");
-  // Stage 0 all-reduces buckets during the boundary backward; stage 1 reduce-scatters the
-  // accumulated gradients in step(); stage 2 reduce-scatters in every backward (the reducer
-  // decides).
-  const bool reduce = stage_ == 0 && boundary && no_sync_depth_ == 0;
+  // Stages 0-1 reduce buckets during the boundary backward (all-reduce, reduce-scatter); stage 2
+  // reduce-scatters in every backward (the reducer decides).
+  const bool reduce = stage_ <= 1 && boundary && no_sync_depth_ == 0;
   if (reduce && reducer_->side_channel().numel() > 0) write_side_channel();
-  reducer_->prepare_backward(reduce);
+  reducer_->prepare_backward(reduce, loss);
   // The gradient applied at the boundary is the mean over the global batch: each micro-batch
   // loss is a mean over its samples, so scale by 1/GAS here and average over ranks. fp16 also
-  // multiplies by the loss scale, divided out again in apply_step().
+  // multiplies by the loss scale (in fp32: 2^16 is no fp16 number), divided out in apply_step().
   const double scale = loss_scale() / static_cast<double>(gradient_accumulation_steps());
   try {
-    (loss * scale).backward();
+    (loss.to(at::kFloat) * scale).backward();
   } catch (...) {
     // The other ranks go on reducing: launch and finish this rank's buckets too, so the
     // collectives stay in step, then report the error.
@@ -291,28 +306,28 @@ void Engine::abandon_window() {
 }
 
 namespace {
-// Sum of squares in double, in chunks (no full-size double copy of a large shard).
+// Sum of squares in double, in chunks (no full-size double copy of a large shard), read once.
 double sq_norm(const at::Tensor& t) {
   constexpr int64_t kChunk = 1 << 20;
-  double total = 0;
+  at::Tensor total = at::zeros({}, t.options().dtype(at::kDouble));
   for (int64_t i = 0; i < t.numel(); i += kChunk) {
     at::Tensor c = t.narrow(0, i, std::min(kChunk, t.numel() - i)).to(at::kDouble);
-    total += c.dot(c).item<double>();
+    total.add_(c.dot(c));
   }
-  return total;
+  return total.item<double>();
 }
 }  // namespace
 
 Engine::Reduced Engine::reduce_window() {
   const int world = comm_->world_size();
   Reduced r;
+  if (stage_ <= 1 && !window_reduced_) {
+    // The boundary backward did not reduce (no_sync, or a flush): do it now, as DDP does at the
+    // next synchronising backward.
+    if (reducer_->side_channel().numel() > 0) write_side_channel();
+    reducer_->reduce_all_now();
+  }
   if (stage_ == 0) {
-    if (!window_reduced_) {
-      // The boundary backward did not average (no_sync, or a flush): do it now, as DDP does at
-      // the next synchronising backward.
-      if (reducer_->side_channel().numel() > 0) write_side_channel();
-      reducer_->reduce_all_now();
-    }
     r.grads = reducer_->flat_grads();
     if (reducer_->side_channel().numel() > 0) {
       at::Tensor side = reducer_->side_channel().to(at::kCPU, at::kDouble);  // may live on a GPU
@@ -325,20 +340,11 @@ Engine::Reduced Engine::reduce_window() {
     } else {
       reduce_stats(r, 0);
     }
-    r.grad_sq_norm = -1;  // computed from the full gradient in apply_step()
+    // The same arithmetic as the shards' norms of stages 1-2, so every stage clips alike.
+    r.grad_sq_norm = sq_norm(r.grads);
     return r;
   }
-  if (stage_ == 1) {
-    // Reduce-scatter the accumulated gradients; this rank receives its shard of the sum
-    // (DeepSpeed's order of scaling, as in GradReducer), in place.
-    at::Tensor full = reducer_->padded_grads();
-    const double pre = config_.gradient_predivide_factor;
-    if (config_.prescale_gradients) full.div_(world);
-    else if (pre != 1.0) full.mul_(1.0 / pre);
-    comm_->reduce_scatter(grad_shard_, full)->wait();
-    if (!config_.prescale_gradients && pre / world != 1.0) grad_shard_.mul_(pre / world);
-  }
-  // Stage 2: the backward passes already reduce-scattered into the shard.
+  // Stages 1-2: the backward passes reduce-scattered into this rank's shard.
   r.grads = grad_shard_;
   reduce_stats(r, sq_norm(grad_shard_));
   return r;
@@ -367,22 +373,11 @@ void Engine::reduce_stats(Reduced& r, double shard_sq_norm) {
 }
 
 void Engine::gather_params() {
-  // Stages 1-2: every rank's updated shard to every rank, allgather_bucket_size elements per rank
-  // at a time (a bounded staging buffer, as DeepSpeed does).
+  // Stages 1-2: every rank's updated shard to every rank, in place in the parameter buffer (the
+  // shard is its own chunk of the output), so no staging buffer is needed and
+  // allgather_bucket_size, which bounds DeepSpeed's staging, has nothing to bound here.
   at::Tensor flat = reducer_->padded_params();
-  const int world = comm_->world_size();
-  const int64_t bucket = std::max<int64_t>(1, config_.zero_optimization.allgather_bucket_size / world);
-  if (shard_numel_ <= bucket) {
-    comm_->all_gather(flat, flat.narrow(0, shard_offset_, shard_numel_))->wait();
-    return;
-  }
-  at::Tensor staging = at::empty({bucket * world}, flat.options());
-  for (int64_t c = 0; c < shard_numel_; c += bucket) {
-    const int64_t len = std::min(bucket, shard_numel_ - c);
-    at::Tensor out = staging.narrow(0, 0, len * world);
-    comm_->all_gather(out, flat.narrow(0, shard_offset_ + c, len).clone())->wait();
-    for (int q = 0; q < world; ++q) flat.narrow(0, q * shard_numel_ + c, len).copy_(out.narrow(0, q * len, len));
-  }
+  comm_->all_gather(flat, flat.narrow(0, shard_offset_, shard_numel_))->wait();
 }
 
 void Engine::apply_step() {
@@ -413,9 +408,8 @@ void Engine::apply_step() {
   if (unscale != 1.0) grads.mul_(unscale);
 
   // 2. Global gradient norm: of the whole gradient (stage 0, every rank holds it), or from the
-  // shards' squared norms summed over ranks; the same number either way.
-  const double grad_norm = red.grad_sq_norm < 0 ? grads.norm().item<double>()
-                                                : std::sqrt(red.grad_sq_norm) * unscale;
+  // shards' squared norms summed over ranks; the same arithmetic either way.
+  const double grad_norm = std::sqrt(red.grad_sq_norm) * unscale;
   if (!std::isfinite(grad_norm) && scaler_) return skip_step(loss, lr);
   if (!std::isfinite(grad_norm)) abandon_window();
   DSCPP_CHECK(std::isfinite(grad_norm), Error, "the gradient norm is ", grad_norm,
@@ -444,6 +438,7 @@ void Engine::apply_step() {
   grads = at::Tensor();
   if (dtype_ != at::kFloat) reducer_->padded_params().narrow(0, shard_offset_, shard_numel_).copy_(master_);
   if (stage_ > 0) gather_params();
+  const double used_scale = loss_scale();
   if (scaler_) scaler_->update(/*overflow=*/false);
   if (lr_schedule_) lr_schedule_->step();
   if (client_lr_scheduler_) client_lr_scheduler_->step();
@@ -453,7 +448,7 @@ void Engine::apply_step() {
   double window_s = seconds_since(window_start_);
   last_step_ = StepStats{global_steps_, loss, lr, grad_norm,
                          window_s > 0 ? train_batch_size() / window_s : 0, window_s,
-                         loss_scale(), false};
+                         used_scale, false};
   if (config_.steps_per_print > 0 && global_steps_ % config_.steps_per_print == 0) log_step();
   abandon_window();  // zeroes the gradients, resets the window's counters and timers
 }

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "dscpp/error.h"
 #include "util/log.h"
@@ -58,7 +60,10 @@ GradReducer::GradReducer(std::vector<at::Tensor> params, std::vector<std::string
   // Padded so that every rank's shard is equal (ZeRO); stage 0 only ever reads [0, numel).
   const int64_t world = comm_.world_size();
   const int64_t padded = (total + world - 1) / world * world;
-  flat_params_ = at::zeros({padded}, opts);
+  // Filled parameter by parameter, each original freed as soon as it is copied (set_data), so
+  // the model never exists twice at once (untouched pages of `empty` are not resident).
+  flat_params_ = at::empty({padded}, opts);
+  flat_params_.narrow(0, total, padded - total).zero_();
   {
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -74,6 +79,9 @@ GradReducer::GradReducer(std::vector<at::Tensor> params, std::vector<std::string
     grad_storage_ = at::zeros({padded + side_channel}, opts);
     flat_grads_ = grad_storage_.narrow(0, 0, padded);
     side_channel_ = grad_storage_.narrow(0, padded, side_channel);
+    if (options_.mode == ReduceMode::kReduceScatterInPlace) {
+      grad_shard_ = flat_grads_.narrow(0, shard_offset(), shard_numel());
+    }
     attach_grad_views();
   }
   // Buckets from the end of the buffer; a parameter is never split across buckets.
@@ -136,7 +144,7 @@ void GradReducer::attach_grad_views() {
   }
 }
 
-void GradReducer::prepare_backward(bool reduce) {
+void GradReducer::prepare_backward(bool reduce, const at::Tensor& loss) {
   if (options_.mode == ReduceMode::kReduceScatter) {
     // Every backward reduces (the shard accumulates); autograd allocates fresh gradients.
     reduce = true;
@@ -144,19 +152,62 @@ void GradReducer::prepare_backward(bool reduce) {
   } else {
     attach_grad_views();
   }
-  if (options_.mode == ReduceMode::kDeferred) reduce = false;
+  std::vector<char> reach = reduce && loss.defined() ? reachable_from(loss) : std::vector<char>{};
   std::lock_guard<std::mutex> g(mu_);
+  in_flight_.clear();  // left by a backward that failed midway
+  std::fill(staging_busy_.begin(), staging_busy_.end(), false);
   reducing_ = reduce;
   next_bucket_ = 0;
   works_.clear();
   std::fill(got_grad_.begin(), got_grad_.end(), 0);
-  for (auto& b : buckets_) b.pending = static_cast<int>(b.params.size());
+  for (auto& b : buckets_) {
+    b.pending = static_cast<int>(b.params.size());
+    b.launched = false;
+  }
+  // Parameters the loss cannot reach get no gradient in this backward: ready now.
+  for (size_t i = 0; i < reach.size(); ++i) {
+    if (!reach[i]) mark_ready_locked(static_cast<int>(i));
+  }
+}
+
+std::vector<char> GradReducer::reachable_from(const at::Tensor& loss) const {
+  const auto& root = loss.grad_fn();
+  if (!root) return {};
+  std::unordered_map<const torch::autograd::Node*, int> param_of;
+  for (size_t i = 0; i < hooks_.size(); ++i) param_of.emplace(hooks_[i].first.get(), static_cast<int>(i));
+  std::vector<char> reach(params_.size(), 0);
+  std::unordered_set<const torch::autograd::Node*> seen{root.get()};
+  std::vector<torch::autograd::Node*> todo{root.get()};
+  while (!todo.empty()) {
+    torch::autograd::Node* node = todo.back();
+    todo.pop_back();
+    for (const auto& edge : node->next_edges()) {
+      torch::autograd::Node* next = edge.function.get();
+      if (!next || !seen.insert(next).second) continue;
+      if (auto it = param_of.find(next); it != param_of.end()) reach[it->second] = 1;
+      todo.push_back(next);
+    }
+  }
+  return reach;
 }
 
 void GradReducer::on_grad_ready(int param) {
   std::lock_guard<std::mutex> g(mu_);
+  if (got_grad_[param]) {
+    // A second gradient for the same parameter in one backward (reentrant activation
+    // checkpointing, say): harmless until its bucket is reduced, lost after.
+    DSCPP_CHECK(!(reducing_ && buckets_[bucket_of_param_[param]].launched), Error,
+                "parameter '", names_[param], "' received a second gradient in one backward "
+                "after its bucket had been reduced, so that gradient would be lost. HINT: "
+                "reentrant activation checkpointing is not supported; use non-reentrant "
+                "checkpointing, or run each backward through the engine");
+    return;
+  }
   got_grad_[param] = 1;
-  if (!reducing_) return;
+  if (reducing_) mark_ready_locked(param);
+}
+
+void GradReducer::mark_ready_locked(int param) {
   Bucket& b = buckets_[bucket_of_param_[param]];
   if (b.pending > 0) --b.pending;
   launch_in_order_locked();
@@ -164,8 +215,10 @@ void GradReducer::on_grad_ready(int param) {
 
 void GradReducer::launch_in_order_locked() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
-    if (options_.mode == ReduceMode::kReduceScatter) launch_reduce_scatter(buckets_[next_bucket_]);
-    else launch_all_reduce(buckets_[next_bucket_]);
+    Bucket& b = buckets_[next_bucket_];
+    if (options_.mode == ReduceMode::kAllReduce) launch_all_reduce(b);
+    else launch_reduce_scatter(b);
+    b.launched = true;
     ++next_bucket_;
   }
 }
@@ -195,11 +248,14 @@ void GradReducer::launch_all_reduce(Bucket& b) {
 }
 
 void GradReducer::launch_reduce_scatter(Bucket& b) {
-  // A staging buffer: a free persistent one (contiguous_gradients), waiting for the oldest
-  // reduction in flight when both are busy, or a fresh one.
+  const bool in_place = options_.mode == ReduceMode::kReduceScatterInPlace;
   int slot = -1;
   at::Tensor staging;
-  if (!staging_.empty()) {
+  if (in_place) {
+    staging = flat_grads_.narrow(0, b.offset, b.numel);
+  } else if (!staging_.empty()) {
+    // A free persistent staging buffer (contiguous_gradients), waiting for the oldest reduction
+    // in flight when both are busy.
     for (;;) {
       for (size_t s = 0; s < staging_.size() && slot < 0; ++s) {
         if (!staging_busy_[s]) slot = static_cast<int>(s);
@@ -210,16 +266,20 @@ void GradReducer::launch_reduce_scatter(Bucket& b) {
     staging_busy_[slot] = true;
     staging = staging_[slot].narrow(0, 0, b.numel);
   } else {
+    // A fresh buffer per bucket, never more than two of them in flight.
+    while (in_flight_.size() >= 2) retire_oldest_locked();
     staging = at::empty({b.numel}, flat_params_.options());
   }
-  // Gather the bucket's gradients (zeros for a parameter that got none) and release them.
-  for (int p : b.params) {
-    auto [off, n] = segments_[p];
-    at::Tensor dst = staging.narrow(0, off - b.offset, n);
-    const at::Tensor& grad = params_[p].grad();
-    if (grad.defined()) dst.copy_(grad.reshape({-1}));
-    else dst.zero_();
-    params_[p].mutable_grad() = at::Tensor();
+  if (!in_place) {
+    // Gather the bucket's gradients (zeros for a parameter that got none) and release them.
+    for (int p : b.params) {
+      auto [off, n] = segments_[p];
+      at::Tensor dst = staging.narrow(0, off - b.offset, n);
+      const at::Tensor& grad = params_[p].grad();
+      if (grad.defined()) dst.copy_(grad.reshape({-1}));
+      else dst.zero_();
+      params_[p].mutable_grad() = at::Tensor();
+    }
   }
   const int world = comm_.world_size();
   prescale(staging, options_, world);
@@ -245,16 +305,26 @@ void GradReducer::launch_reduce_scatter(Bucket& b) {
 }
 
 void GradReducer::retire_oldest_locked() {
+  DSCPP_CHECK(!in_flight_.empty(), Error, "internal: no gradient reduction in flight to wait for");
   InFlight f = std::move(in_flight_.front());
   in_flight_.pop_front();
+  struct ReleaseSlot {
+    std::vector<bool>& busy;
+    int slot;
+    ~ReleaseSlot() {
+      if (slot >= 0) busy[slot] = false;
+    }
+  } release{staging_busy_, f.slot};
   f.work->wait();
   const double factor = postscale_factor(options_, comm_.world_size());
-  if (f.result.numel() > 0) {
-    at::Tensor dst = grad_shard_.narrow(0, f.shard_pos, f.result.numel());
-    if (factor != 1.0) dst.add_(f.result, factor);
-    else dst.add_(f.result);
+  if (f.result.numel() == 0) return;
+  if (options_.mode == ReduceMode::kReduceScatterInPlace) {
+    if (factor != 1.0) f.result.mul_(factor);
+    return;
   }
-  if (f.slot >= 0) staging_busy_[f.slot] = false;
+  at::Tensor dst = grad_shard_.narrow(0, f.shard_pos, f.result.numel());
+  if (factor != 1.0) dst.add_(f.result, factor);
+  else dst.add_(f.result);
 }
 
 double GradReducer::finish_backward() {
@@ -277,10 +347,15 @@ double GradReducer::finish_backward() {
 }
 
 void GradReducer::reduce_all_now() {
-  DSCPP_CHECK(options_.mode == ReduceMode::kAllReduce, Error,
-              "internal: reduce_all_now() is for the all-reduce mode");
+  DSCPP_CHECK(options_.mode != ReduceMode::kReduceScatter, Error,
+              "internal: stage 2 reduces in every backward");
   prepare_backward(true);
   finish_backward();
+}
+
+size_t GradReducer::buckets_launched() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return next_bucket_;
 }
 
 std::vector<std::string> GradReducer::unused_in_last_backward() const {

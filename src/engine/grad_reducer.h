@@ -6,20 +6,28 @@
 // (the last parameters' gradients are ready first in backward); a parameter is never split. A
 // post-hook on each parameter's gradient accumulator counts its bucket down.
 //
-// Mode kAllReduce (stage 0) and kDeferred (stage 1): the gradients are views into a second flat
-// buffer, so autograd accumulates straight into the buffer the collectives and the optimizer
-// use. kAllReduce all-reduces each bucket as soon as it is complete during a reducing backward;
-// kDeferred never communicates in backward (the engine reduce-scatters at the boundary).
+// Modes kAllReduce (stage 0) and kReduceScatterInPlace (stage 1): the gradients are views into a
+// second flat buffer, so autograd accumulates straight into the buffer the collectives and the
+// optimizer use, over the micro-steps. During a reducing backward (the boundary) each bucket is
+// reduced as soon as it is complete: kAllReduce all-reduces it; kReduceScatterInPlace
+// reduce-scatters it in place, so this rank's part of the bucket (the part inside its shard)
+// ends up holding the sum and the rest of the buffer is left as it was.
 //
 // Mode kReduceScatter (stage 2): there is no full gradient buffer. Autograd allocates each
 // parameter's gradient; when a bucket is complete its gradients are copied into a staging
 // buffer, released, and the bucket is reduce-scattered (every rank receives the part of the
 // bucket that falls in its shard) and added into this rank's gradient shard, which accumulates
-// over the micro-steps. Every backward reduces. `overlap_comm` lets up to two buckets be in
-// flight while backward goes on (else each reduction finishes inside the hook);
-// `contiguous_gradients` keeps the staging buffers allocated for the whole run (else each is
-// allocated per bucket and freed once reduced); `reduce_scatter` false all-reduces the bucket
-// and keeps this rank's part, as DeepSpeed does.
+// over the micro-steps. Every backward reduces.
+//
+// Stages 1-2 (DeepSpeed's meaning): `overlap_comm` lets reductions run while backward goes on
+// (stage 2: at most two buckets in flight); without it each reduction finishes inside the hook
+// that launched it. `contiguous_gradients` (stage 2) keeps the staging buffers allocated for the
+// whole run (else each is allocated per bucket and freed once reduced); `reduce_scatter` false
+// all-reduces the bucket and keeps this rank's part.
+//
+// Parameters that the loss does not reach (an unused branch) are found before backward runs, by
+// walking the loss's autograd graph, and count as ready at once, so their buckets never hold the
+// others back.
 //
 // NOTE [bucket order]: buckets are launched strictly in index order on every rank, even if
 // a later bucket is ready first, so ranks always issue the same collectives in the same
@@ -49,7 +57,7 @@
 
 namespace dscpp::engine {
 
-enum class ReduceMode { kAllReduce, kDeferred, kReduceScatter };
+enum class ReduceMode { kAllReduce, kReduceScatterInPlace, kReduceScatter };
 
 struct GradReduceOptions {
   ReduceMode mode = ReduceMode::kAllReduce;
@@ -76,13 +84,14 @@ class GradReducer {
   GradReducer& operator=(const GradReducer&) = delete;
 
   // Call before loss.backward(): whether this backward reduces gradients over ranks
-  // (kReduceScatter always does; kDeferred never).
-  void prepare_backward(bool reduce);
+  // (kReduceScatter always does). `loss` (optional) lets parameters it cannot reach count as
+  // ready at once.
+  void prepare_backward(bool reduce, const at::Tensor& loss = at::Tensor());
   // Call after loss.backward(): launches the buckets still pending (in order) and waits for
   // every reduction of this backward. Returns the seconds spent waiting.
   double finish_backward();
-  // Averages the accumulated gradients over ranks outside a backward (kAllReduce: flush at the
-  // end of an epoch), bucket by bucket; blocks until done.
+  // Averages the accumulated gradients over ranks outside a backward (stages 0-1: flush at the
+  // end of an epoch, or after no_sync), bucket by bucket; blocks until done.
   void reduce_all_now();
   // Names of the parameters that got no gradient in the last backward on this rank.
   std::vector<std::string> unused_in_last_backward() const;
@@ -90,10 +99,11 @@ class GradReducer {
   at::Tensor flat_params() const { return flat_params_.narrow(0, 0, numel_); }  // [numel]
   // The parameters with their zero padding: [padded_numel].
   at::Tensor padded_params() const { return flat_params_; }
-  // kAllReduce/kDeferred: the gradients, [numel] and with padding [padded_numel].
+  // Stages 0-1: the gradients, [numel] and with padding [padded_numel].
   at::Tensor flat_grads() const { return flat_grads_.narrow(0, 0, numel_); }
   at::Tensor padded_grads() const { return flat_grads_; }
-  // kReduceScatter: this rank's shard of the averaged gradient, summed over the micro-steps.
+  // Stages 1-2: this rank's shard of the averaged gradient (stage 2: summed over the
+  // micro-steps; stage 1: a view into the gradient buffer, valid after a reducing backward).
   at::Tensor grad_shard() const { return grad_shard_; }
   // [side_channel] fp32: written before a reducing backward, summed over ranks by it.
   at::Tensor side_channel() const { return side_channel_; }
@@ -106,6 +116,8 @@ class GradReducer {
   // [offset, numel) of each parameter in the flat buffers.
   const std::vector<std::pair<int64_t, int64_t>>& segments() const { return segments_; }
   size_t num_buckets() const { return buckets_.size(); }
+  // Buckets launched so far in the current backward (all of them once finish_backward returns).
+  size_t buckets_launched() const;
   // Bytes of the gradient buffers held between steps (full buffer or shard) and of the staging
   // buffers (kReduceScatter with contiguous_gradients).
   int64_t grad_bytes() const;
@@ -118,21 +130,27 @@ class GradReducer {
     int64_t numel = 0;
     std::vector<int> params;
     int pending = 0;
+    bool launched = false;
   };
-  // A launched reduction of one bucket (kReduceScatter): where its result lands.
+  // A launched reduce-scatter of one bucket: where its result lands.
   struct InFlight {
     comm::WorkHandle work;
     at::Tensor staging;  // keeps the buffer alive until the reduction is done
     at::Tensor result;   // this rank's part of the bucket (a view of `staging`)
-    int64_t shard_pos = 0;  // where `result` is added in grad_shard_
+    int64_t shard_pos = 0;  // stage 2: where `result` is added in grad_shard_
     int slot = -1;          // staging slot to release (contiguous_gradients), or -1
   };
+  // Marks `param` as having its gradient for this backward; launches what is ready.
+  void mark_ready_locked(int param);
   void on_grad_ready(int param);
   void launch_in_order_locked();
   void launch_all_reduce(Bucket& b);
   void launch_reduce_scatter(Bucket& b);
-  // Waits for the oldest in-flight reduction and adds its part into the shard.
+  // Waits for the oldest in-flight reduction and scales its part (stage 2: adds it into the
+  // shard). The entry and its staging slot are released even when the wait throws.
   void retire_oldest_locked();
+  // The gradient accumulators `loss` reaches (empty: unknown, assume all).
+  std::vector<char> reachable_from(const at::Tensor& loss) const;
   void attach_grad_views();
 
   std::vector<at::Tensor> params_;
@@ -159,7 +177,7 @@ class GradReducer {
   bool reducing_ = false;
   size_t next_bucket_ = 0;
   std::vector<comm::WorkHandle> works_;  // kAllReduce
-  std::deque<InFlight> in_flight_;       // kReduceScatter
+  std::deque<InFlight> in_flight_;       // stages 1-2
 };
 
 }  // namespace dscpp::engine

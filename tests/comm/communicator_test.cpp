@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "comm/comms_logger.h"
+#include "comm/ring.h"
 #include "dscpp/comm.h"
 #include "dscpp/error.h"
 #include "support/thread_ranks.h"
@@ -86,6 +87,21 @@ TEST_P(CommWorld, ReduceScatterEvenAndUneven) {
         EXPECT_TRUE(at::equal(in, in_copy)) << "reduce_scatter modified its input";
       }
     }
+    // Chunks longer than the ring's pipeline piece, of very different lengths (one empty), so
+    // the pieces run out at different times per chunk.
+    {
+      const int64_t P = comm::kRingPieceElements;
+      std::vector<int64_t> counts(world);
+      for (int r = 0; r < world; ++r) counts[r] = r == 1 ? 0 : (r % 2 ? 3 : 2 * P + 7 + r);
+      int64_t n = 0, offset = 0;
+      for (int r = 0; r < world; ++r) (r < c.rank() ? offset : n) += counts[r];
+      n += offset;
+      auto in = rank_input(c.rank(), n);
+      auto out = at::empty({counts[c.rank()]});
+      c.reduce_scatter(out, in, counts, ReduceOp::sum)->wait();
+      EXPECT_TRUE(at::allclose(out, expected_reduce(world, n, ReduceOp::sum).narrow(0, offset, counts[c.rank()]), 1e-6, 1e-5))
+          << "pieces";
+    }
     // In place: the output is this rank's own chunk of the input (as ZeRO stage 1 uses it).
     for (int64_t n : {1, 5, 1001}) {
       auto counts = split_evenly(n, world);
@@ -116,6 +132,14 @@ TEST_P(CommWorld, AllGatherEvenAndUneven) {
       auto out = at::full({n}, -1.0f);
       c.all_gather(out, rank_input(c.rank(), counts[c.rank()]), counts)->wait();
       EXPECT_TRUE(at::equal(out, want)) << "n=" << n;
+      // In place: the input is this rank's own chunk of the output (as ZeRO gathers).
+      auto buf = at::full({n}, -1.0f);
+      int64_t offset = 0;
+      for (int r = 0; r < c.rank(); ++r) offset += counts[r];
+      auto mine = buf.narrow(0, offset, counts[c.rank()]);
+      mine.copy_(rank_input(c.rank(), counts[c.rank()]));
+      c.all_gather(buf, mine, counts)->wait();
+      EXPECT_TRUE(at::equal(buf, want)) << "in place, n=" << n;
     }
     auto out = at::empty({3 * world}, at::kDouble);
     c.all_gather(out, rank_input(c.rank(), 3, at::kDouble))->wait();

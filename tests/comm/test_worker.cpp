@@ -77,6 +77,7 @@ int main(int argc, char** argv) {
   at::set_num_threads(1);
   try {
     auto options = CommOptions::from_config();
+    if (options.backend == "auto") options.backend = "gloo";  // CPU tensors, also on a GPU host
     std::shared_ptr<Communicator> comm = init_from_env(options);
     if (scenario == "ops") {
       run_ops(*comm);

@@ -55,9 +55,12 @@ models::GPTConfig tiny_gpt(int64_t n_embd) {
 
 const char* kModelArgs = " --n_layer 2 --n_head 2 --n_embd 32 --seed 5 --eval_problems 10";
 
-std::string config(int train_batch, int micro, int zero_stage = 0) {
-  return "{\"train_batch_size\": " + std::to_string(train_batch) +
-         ", \"zero_optimization\": {\"stage\": " + std::to_string(zero_stage) + "}" +
+// `extra`: more top-level keys, e.g. ", \"bf16\": {\"enabled\": true}"; `zero`: more keys of
+// zero_optimization.
+std::string config(int train_batch, int micro, int zero_stage = 0, const std::string& extra = "",
+                   const std::string& zero = "") {
+  return "{\"train_batch_size\": " + std::to_string(train_batch) + extra +
+         ", \"zero_optimization\": {\"stage\": " + std::to_string(zero_stage) + zero + "}" +
          ", \"train_micro_batch_size_per_gpu\": " + std::to_string(micro) +
          ", \"steps_per_print\": 100, \"gradient_clipping\": 0.5,"
          " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 3e-3, \"weight_decay\": 0.1}},"
@@ -75,7 +78,9 @@ TEST(TrainEquivalence, WorldSizesAndGasReproduceTheSingleProcessRun) {
   const int B = 24, steps = 8;
   auto run = [&](int world, int gas, int stage = 0) {
     std::string tag = "w" + std::to_string(world) + "g" + std::to_string(gas) + "s" + std::to_string(stage);
-    write(dir.file(tag + ".json"), config(B, B / (world * gas), stage));
+    // Stage 2 with overlapped reductions in buckets of about a quarter of the model.
+    const std::string zero = stage == 2 ? ", \"overlap_comm\": true, \"reduce_bucket_size\": 8000" : "";
+    write(dir.file(tag + ".json"), config(B, B / (world * gas), stage, "", zero));
     auto r = run_command(kCli + " launch --num_procs " + std::to_string(world) + " --master_port " +
                          std::to_string(free_port()) + " " + kCli + " train --config " +
                          dir.file(tag + ".json") + kModelArgs + " --no_shuffle --steps " +
@@ -91,7 +96,7 @@ TEST(TrainEquivalence, WorldSizesAndGasReproduceTheSingleProcessRun) {
   // {world, gas, ZeRO stage}
   for (auto [world, gas, stage] : std::vector<std::tuple<int, int, int>>{
            {1, 2, 0}, {1, 4, 0}, {2, 1, 0}, {2, 2, 0}, {2, 4, 0}, {3, 1, 0}, {3, 2, 0}, {3, 4, 0},
-           {2, 2, 1}, {3, 1, 1}}) {
+           {2, 2, 1}, {3, 1, 1}, {4, 2, 1}, {1, 2, 2}, {2, 2, 2}, {3, 1, 2}, {4, 1, 2}}) {
     auto [losses, weights] = run(world, gas, stage);
     ASSERT_EQ(losses.size(), ref_losses.size()) << "world " << world << " gas " << gas;
     for (int s = 0; s < steps; ++s) {
@@ -156,6 +161,28 @@ TEST(Train, DefaultRunLearnsTheBuiltInTask) {
   EXPECT_LT(r.seconds, 180) << r.output;
 }
 
+// bf16 through the whole tool: every stage at 2 ranks learns and stays near the fp32 run.
+TEST(Train, Bf16TrainsAtEveryStageNearTheFp32Run) {
+  TempDir dir;
+  const int steps = 8;
+  auto run = [&](const std::string& tag, const std::string& cfg) {
+    write(dir.file(tag + ".json"), cfg);
+    auto r = run_command(kCli + " launch --num_procs 2 --master_port " + std::to_string(free_port()) +
+                         " " + kCli + " train --config " + dir.file(tag + ".json") + kModelArgs +
+                         " --no_shuffle --steps " + std::to_string(steps) + " --metrics " + dir.file(tag + ".jsonl"));
+    EXPECT_EQ(r.status, 0) << tag << "\n" << r.output;
+    return losses_of(dir.file(tag + ".jsonl"));
+  };
+  auto fp32 = run("fp32", config(8, 4));
+  ASSERT_EQ(fp32.size(), static_cast<size_t>(steps));
+  for (int stage : {0, 1, 2}) {
+    auto bf16 = run("bf16s" + std::to_string(stage), config(8, 4, stage, ", \"bf16\": {\"enabled\": true}"));
+    ASSERT_EQ(bf16.size(), fp32.size());
+    EXPECT_LT(bf16.back(), bf16.front()) << "stage " << stage;
+    for (int s = 0; s < steps; ++s) EXPECT_NEAR(bf16[s], fp32[s], 0.03 * fp32[s]) << "stage " << stage << " step " << s;
+  }
+}
+
 TEST(Train, BadInputIsAClearErrorAndNoRankIsLeftRunning) {
   TempDir dir;
   auto launch = [&](const std::string& cfg_json, const std::string& extra, int steps = 3) {
@@ -185,6 +212,21 @@ TEST(Train, BadInputIsAClearErrorAndNoRankIsLeftRunning) {
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("wte.weight"), std::string::npos) << r.output;
   EXPECT_LT(r.seconds, 60) << r.output;
+  // fp16 on the CPU: libtorch 1.13 has no CPU fp16 matmul; the error says what to use instead.
+  // (libtorch 2.x has the kernels, and the run trains.)
+  bool cpu_fp16 = true;
+  try {
+    at::ones({2, 2}, at::kHalf).mm(at::ones({2, 2}, at::kHalf)).softmax(-1);
+  } catch (const std::exception&) {
+    cpu_fp16 = false;
+  }
+  r = launch(config(8, 4, 0, ", \"fp16\": {\"enabled\": true}"), "");
+  if (cpu_fp16) {
+    EXPECT_EQ(r.status, 0) << r.output;
+  } else {
+    EXPECT_NE(r.status, 0);
+    EXPECT_NE(r.output.find("bf16"), std::string::npos) << r.output;
+  }
   // A learning rate that blows the loss up: every rank stops with the step named.
   r = launch("{\"train_batch_size\": 8, \"optimizer\": {\"type\": \"SGD\", \"params\": {\"lr\": 1e30}}}",
              "", 20);

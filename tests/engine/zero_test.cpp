@@ -11,6 +11,7 @@
 
 #include "dscpp/engine.h"
 #include "dscpp/error.h"
+#include "engine/grad_reducer.h"
 #include "engine/test_net.h"
 #include "support/errors.h"
 #include "support/thread_ranks.h"
@@ -87,6 +88,41 @@ TEST(EngineZero, Stage2MatchesStage0UnderEveryCommunicationSetting) {
                                                                   "\"reduce_scatter\": false, \"reduce_bucket_size\": 50}"));
     for (int r = 0; r < cs.world; ++r) expect_same(s2ar[r], s0[0], 1e-6, what + " stage 2 reduce_scatter false");
   }
+}
+
+// Buckets are reduced while backward runs, not after it: parameters the loss cannot reach (the
+// unused `branch`, registered last, so in the first bucket to launch) are ready before backward
+// starts and hold nothing back. Every mode, one parameter per bucket.
+TEST(EngineZero, BucketsLaunchDuringBackwardDespiteAnUnusedParameter) {
+  using engine::ReduceMode;
+  auto errors = run_thread_ranks(1, [&](Communicator& c) {
+    for (ReduceMode mode : {ReduceMode::kAllReduce, ReduceMode::kReduceScatterInPlace, ReduceMode::kReduceScatter}) {
+      Net net = make_net(1);
+      std::vector<at::Tensor> params;
+      std::vector<std::string> names;
+      for (auto& item : net->named_parameters()) {
+        params.push_back(item.value());
+        names.push_back(item.key());
+      }
+      engine::GradReduceOptions o;
+      o.mode = mode;
+      o.reduce_bucket_size = 1;
+      o.overlap_comm = true;
+      engine::GradReducer reducer(params, names, c, o);
+      ASSERT_EQ(reducer.num_buckets(), params.size());
+      at::Tensor loss = at::mse_loss(net->forward(dataset_x().narrow(0, 0, 2)), dataset_y().narrow(0, 0, 2));
+      reducer.prepare_backward(true, loss);
+      EXPECT_EQ(reducer.buckets_launched(), 2u) << "the unused branch's weight and bias";
+      // fc1.weight's gradient is the last one autograd produces: every other bucket has been
+      // launched from the hooks by the time backward returns.
+      loss.backward();
+      EXPECT_GE(reducer.buckets_launched(), params.size() - 1) << "mode " << static_cast<int>(mode);
+      reducer.finish_backward();
+      EXPECT_EQ(reducer.buckets_launched(), params.size());
+      EXPECT_EQ(reducer.unused_in_last_backward(), (std::vector<std::string>{"branch.weight", "branch.bias"}));
+    }
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
 }
 
 TEST(EngineZero, ClientOptimizerNeedsZeroAllowUntestedOptimizer) {
