@@ -147,8 +147,11 @@ class Engine {
     at::Tensor grads;  // in the training dtype; stage 0: everything; stages 1-2: this rank's shard
     double loss_sum = 0, micro_batches = 0;
     double grad_sq_norm = 0;  // of the averaged gradient (stages 1-2: summed over the shards)
-    std::string nonfinite_ranks;
+    std::string nonfinite_ranks;  // ranks that saw a non-finite loss, "0,2"
+    std::string failed_ranks;     // ranks whose backward() threw before its gradients were done
   };
+  // This rank's window flags for the statistics: 1 non-finite loss, 2 failed backward.
+  int window_flags() const;
   Reduced reduce_window();
   // Sums this rank's window statistics (and `shard_sq_norm`) over ranks into `r`.
   void reduce_stats(Reduced& r, double shard_sq_norm);
@@ -179,6 +182,7 @@ class Engine {
   int64_t window_micro_steps_ = 0;  // micro-steps backpropagated in the current window
   double window_loss_sum_ = 0;      // sum of this rank's micro-batch losses in the window
   int window_nonfinite_ = 0;        // of which non-finite
+  bool window_failed_ = false;      // a backward threw before its gradients were complete
   bool window_reduced_ = false;     // the boundary backward averaged gradients over ranks
   int stage_ = 0;                   // zero_optimization.stage
   at::ScalarType dtype_ = at::kFloat;  // training dtype of parameters and gradients

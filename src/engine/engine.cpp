@@ -129,8 +129,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, Config config, InitOpti
   ro.contiguous_gradients = zc.contiguous_gradients;
   ro.reduce_scatter = zc.reduce_scatter;
   // Stage 0 in fp32: the statistics ride in the gradient all-reduce (NOTE [side channel] in
-  // grad_reducer.h): [0] the window's loss sum, [1] its micro-steps, [2 + r] 1 when rank r saw a
-  // non-finite loss. Otherwise one small all-reduce at the boundary carries them.
+  // grad_reducer.h): [0] the window's loss sum, [1] its micro-steps, [2 + r] rank r's flags
+  // (window_flags()). Otherwise one small all-reduce at the boundary carries them.
   const bool side_channel = stage_ == 0 && !mixed;
   reducer_ = std::make_unique<engine::GradReducer>(params, names, *comm_, ro,
                                                    side_channel ? 2 + world : 0);
@@ -243,7 +243,13 @@ void Engine::backward(const at::Tensor& loss) {
     (loss.to(at::kFloat) * scale).backward();
   } catch (...) {
     // The other ranks go on reducing: launch and finish this rank's buckets too, so the
-    // collectives stay in step, then report the error.
+    // collectives stay in step, then report the error. Unless every gradient was complete, the
+    // window is spoiled: it is flagged to every rank (at stage 0 in the side channel, which
+    // rides in the last bucket) and step() drops it everywhere.
+    if (!reducer_->all_buckets_launched()) {
+      window_failed_ = true;
+      if (reduce && reducer_->side_channel().numel() > 0) write_side_channel();
+    }
     reducer_->finish_backward();
     throw;
   }
@@ -300,6 +306,7 @@ void Engine::abandon_window() {
   window_micro_steps_ = 0;
   window_loss_sum_ = 0;
   window_nonfinite_ = 0;
+  window_failed_ = false;
   window_reduced_ = false;
   t_backward_ = t_reduce_wait_ = t_optimizer_ = 0;
   window_start_ = Clock::now();
@@ -318,6 +325,22 @@ double sq_norm(const at::Tensor& t) {
 }
 }  // namespace
 
+namespace {
+// Per-rank window flags, one number per rank in the statistics (NOTE [side channel]).
+constexpr int kNonFiniteLoss = 1, kBackwardFailed = 2;
+std::string ranks_flagged(const double* flags, int world, int bit) {
+  std::string out;
+  for (int q = 0; q < world; ++q) {
+    if (static_cast<int>(flags[q] + 0.5) & bit) out += (out.empty() ? "" : ",") + std::to_string(q);
+  }
+  return out;
+}
+}  // namespace
+
+int Engine::window_flags() const {
+  return (window_nonfinite_ > 0 ? kNonFiniteLoss : 0) | (window_failed_ ? kBackwardFailed : 0);
+}
+
 Engine::Reduced Engine::reduce_window() {
   const int world = comm_->world_size();
   Reduced r;
@@ -334,9 +357,8 @@ Engine::Reduced Engine::reduce_window() {
       const double* p = side.data_ptr<double>();
       r.loss_sum = p[0];
       r.micro_batches = p[1];
-      for (int q = 0; q < world; ++q) {
-        if (p[2 + q] > 0) r.nonfinite_ranks += (r.nonfinite_ranks.empty() ? "" : ",") + std::to_string(q);
-      }
+      r.nonfinite_ranks = ranks_flagged(p + 2, world, kNonFiniteLoss);
+      r.failed_ranks = ranks_flagged(p + 2, world, kBackwardFailed);
     } else {
       reduce_stats(r, 0);
     }
@@ -358,7 +380,7 @@ void Engine::reduce_stats(Reduced& r, double shard_sq_norm) {
   auto* p = st.data_ptr<double>();
   p[0] = window_loss_sum_;
   p[1] = static_cast<double>(window_micro_steps_);
-  p[2 + comm_->rank()] = window_nonfinite_;
+  p[2 + comm_->rank()] = window_flags();
   p[2 + world] = shard_sq_norm;
   at::Tensor dev = st.to(reducer_->flat_params().device());
   comm_->all_reduce(dev)->wait();
@@ -366,9 +388,8 @@ void Engine::reduce_stats(Reduced& r, double shard_sq_norm) {
   p = st.data_ptr<double>();
   r.loss_sum = p[0];
   r.micro_batches = p[1];
-  for (int q = 0; q < world; ++q) {
-    if (p[2 + q] > 0) r.nonfinite_ranks += (r.nonfinite_ranks.empty() ? "" : ",") + std::to_string(q);
-  }
+  r.nonfinite_ranks = ranks_flagged(p + 2, world, kNonFiniteLoss);
+  r.failed_ranks = ranks_flagged(p + 2, world, kBackwardFailed);
   r.grad_sq_norm = p[2 + world];
 }
 
@@ -391,6 +412,11 @@ void Engine::apply_step() {
     abandon_window();
     return;
   }
+  if (!red.failed_ranks.empty()) abandon_window();
+  DSCPP_CHECK(red.failed_ranks.empty(), Error, "backward() failed on rank(s) ", red.failed_ranks,
+              " in the accumulation window of optimizer step ", global_steps_ + 1, ", so the "
+              "gradients are incomplete; the step is dropped on every rank. HINT: the exception "
+              "backward() raised on that rank says why; training can go on with the next window");
   const double loss = red.loss_sum / red.micro_batches;
   const double lr = get_lr();
   if (!red.nonfinite_ranks.empty() && scaler_) return skip_step(loss, lr);
@@ -487,7 +513,7 @@ void Engine::write_side_channel() {
   side.zero_();
   side[0] = window_loss_sum_;
   side[1] = static_cast<float>(window_micro_steps_);
-  side[2 + comm_->rank()] = static_cast<float>(window_nonfinite_);
+  side[2 + comm_->rank()] = static_cast<float>(window_flags());
 }
 
 void Engine::log_step() const {

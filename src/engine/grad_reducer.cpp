@@ -76,9 +76,10 @@ GradReducer::GradReducer(std::vector<at::Tensor> params, std::vector<std::string
     grad_shard_ = at::zeros({shard_numel()}, opts);
     for (auto& p : params_) p.mutable_grad() = at::Tensor();
   } else {
-    grad_storage_ = at::zeros({padded + side_channel}, opts);
-    flat_grads_ = grad_storage_.narrow(0, 0, padded);
-    side_channel_ = grad_storage_.narrow(0, padded, side_channel);
+    // [side channel | gradients | padding] (NOTE [side channel]).
+    grad_storage_ = at::zeros({side_channel + padded}, opts);
+    side_channel_ = grad_storage_.narrow(0, 0, side_channel);
+    flat_grads_ = grad_storage_.narrow(0, side_channel, padded);
     if (options_.mode == ReduceMode::kReduceScatterInPlace) {
       grad_shard_ = flat_grads_.narrow(0, shard_offset(), shard_numel());
     }
@@ -239,12 +240,11 @@ double postscale_factor(const GradReduceOptions& o, int world) {
 void GradReducer::launch_all_reduce(Bucket& b) {
   auto slice = flat_grads_.narrow(0, b.offset, b.numel);
   prescale(slice, options_, comm_.world_size());
-  // The bucket at the end of the parameters also carries the padding and the side channel
-  // (NOTE [side channel]).
-  const bool last = b.offset + b.numel == numel_;
-  const int64_t end = last ? grad_storage_.numel() : b.offset + b.numel;
-  works_.push_back(comm_.all_reduce(grad_storage_.narrow(0, b.offset, end - b.offset),
-                                    comm::ReduceOp::sum));
+  // The bucket at the start of the buffer, launched last, also carries the side channel just
+  // before it (NOTE [side channel]).
+  const int64_t side = side_channel_.numel();
+  at::Tensor t = b.offset == 0 && side > 0 ? grad_storage_.narrow(0, 0, side + b.numel) : slice;
+  works_.push_back(comm_.all_reduce(t, comm::ReduceOp::sum));
 }
 
 void GradReducer::launch_reduce_scatter(Bucket& b) {
@@ -351,6 +351,11 @@ void GradReducer::reduce_all_now() {
               "internal: stage 2 reduces in every backward");
   prepare_backward(true);
   finish_backward();
+}
+
+bool GradReducer::all_buckets_launched() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return next_bucket_ == buckets_.size();
 }
 
 size_t GradReducer::buckets_launched() const {

@@ -35,10 +35,12 @@
 // when backward returns (unused parameters) are launched then, in order, with zeros for the
 // missing gradients.
 //
-// NOTE [side channel]: the gradient buffer has `side_channel` extra elements after the padding
-// (kAllReduce only). They ride along in the first bucket launched (the one at the end of the
-// buffer) and are summed over ranks but never scaled, so the engine gets per-step statistics
-// (the window's loss, which ranks saw a non-finite one) without a collective of their own.
+// NOTE [side channel]: the gradient buffer has `side_channel` extra elements before the first
+// parameter (kAllReduce only). They ride along in the last bucket launched (the one at the
+// start of the buffer) and are summed over ranks but never scaled, so the engine gets per-step
+// statistics (the window's loss, which ranks saw a non-finite loss or a failed backward)
+// without a collective of their own. Riding last, they can still be rewritten when a backward
+// fails before its gradients are complete.
 //
 // Threading: hooks run on the autograd thread(s); the bucket state is guarded by a mutex.
 #pragma once
@@ -118,6 +120,9 @@ class GradReducer {
   size_t num_buckets() const { return buckets_.size(); }
   // Buckets launched so far in the current backward (all of them once finish_backward returns).
   size_t buckets_launched() const;
+  // Whether every bucket of this backward has been launched (false in a backward that does not
+  // reduce): once true, every gradient of this backward is complete.
+  bool all_buckets_launched() const;
   // Bytes of the gradient buffers held between steps (full buffer or shard) and of the staging
   // buffers (kReduceScatter with contiguous_gradients).
   int64_t grad_bytes() const;

@@ -181,6 +181,46 @@ TEST(Engine, NoSyncBoundaryThenStepUnevenFlushAndRecoveryAfterNaN) {
   EXPECT_TRUE(at::equal(weights[0], weights[1])) << "replicas diverged";
 }
 
+// A backward that throws on one rank before its gradients are complete spoils the window on
+// every rank: the collectives stay in step, step() drops the window everywhere naming the rank,
+// and the next window trains normally, replicas identical. Stages 0 (the flag rides in the side
+// channel), 1 and 2, at a boundary and before one.
+TEST(Engine, BackwardThatThrowsOnOneRankDropsTheWindowEverywhere) {
+  for (int stage : {0, 1, 2}) {
+    for (int gas : {1, 2}) {
+      std::vector<at::Tensor> weights(2);
+      auto errors = run_thread_ranks(2, [&](Communicator& c) {
+        Net net = make_net(3);
+        std::string cfg = config_json(4 * gas, 2, ", \"optimizer\": {\"type\": \"SGD\", \"params\": {\"lr\": 0.1}}, "
+                                                  "\"zero_optimization\": {\"stage\": " + std::to_string(stage) +
+                                                  ", \"reduce_bucket_size\": 10}");
+        auto engine = initialize(net.ptr(), cfg, borrowed(c));
+        auto X = dataset_x().narrow(0, 2 * c.rank(), 2), Y = dataset_y().narrow(0, 2 * c.rank(), 2);
+        for (int k = 0; k < gas; ++k) {
+          at::Tensor h = at::tanh(net->fc1->forward(X));
+          // Rank 1's backward fails in the first layer, after the later layers' buckets went.
+          if (c.rank() == 1 && k == 0) h.register_hook([](at::Tensor g) -> at::Tensor { throw std::runtime_error("boom"); });
+          at::Tensor loss = at::mse_loss(net->fc2->forward(h), Y);
+          if (c.rank() == 1 && k == 0) EXPECT_THROW(engine->backward(loss), std::exception);
+          else engine->backward(loss);
+          if (k + 1 < gas) engine->step();
+        }
+        auto msg = testing::error_of<Error>([&] { engine->step(); });
+        EXPECT_NE(msg.find("backward() failed on rank(s) 1"), std::string::npos) << msg;
+        EXPECT_EQ(engine->global_steps(), 0);
+        for (int k = 0; k < gas; ++k) {
+          engine->backward(at::mse_loss(net->forward(X), Y));
+          engine->step();
+        }
+        EXPECT_EQ(engine->global_steps(), 1);
+        weights[c.rank()] = net->fc1->weight.detach().clone();
+      });
+      for (auto& e : errors) ASSERT_FALSE(e) << "stage " << stage << " gas " << gas << ": " << error_text(e);
+      EXPECT_TRUE(at::equal(weights[0], weights[1])) << "replicas diverged at stage " << stage;
+    }
+  }
+}
+
 // Regression: the gradient hooks must not outlive the engine that installed them.
 TEST(Engine, ModelOutlivesItsEngine) {
   auto errors = run_thread_ranks(1, [&](Communicator& c) {
