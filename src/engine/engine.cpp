@@ -251,6 +251,7 @@ void Engine::backward(const at::Tensor& loss) {
       if (reduce && reducer_->side_channel().numel() > 0) write_side_channel();
     }
     reducer_->finish_backward();
+    window_reduced_ = reduce;
     throw;
   }
   t_reduce_wait_ += reducer_->finish_backward();
