@@ -5,6 +5,7 @@
 // include/dscpp/data.h, so another framework can reproduce a run (--no_shuffle).
 #include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
+#include <torch/cuda.h>
 #include <torch/version.h>
 #include <fmt/format.h>
 
@@ -18,6 +19,7 @@
 #include "dscpp/engine.h"
 #include "dscpp/error.h"
 #include "dscpp/models/gpt.h"
+#include "dscpp/process_env.h"
 #include "dscpp/safetensors.h"
 #include "tools.h"
 #include "util/log.h"
@@ -60,15 +62,21 @@ int train_main(int argc, char** argv) {
   app.add_option("--metrics", a.metrics, "JSON lines, one per optimizer step (rank 0)");
   app.add_option("--eval_problems", a.eval_problems, "held-out problems for the built-in task's accuracy");
   app.add_option("--log_level", a.level, "debug|info|warning|error");
-  app.add_option("--device", a.device, "cpu, or cuda (one GPU: --num_procs 1)")->capture_default_str();
+  app.add_option("--device", a.device, "cpu, or cuda (cuda:LOCAL_RANK), or cuda:N")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (!a.level.empty()) set_log_level(parse_log_level(a.level));
   DSCPP_CHECK(a.steps > 0, ConfigError, "--steps must be > 0");
 
   Config config = Config::parse(a.config);
-  const at::Device device(a.device);
+  at::Device device(a.device);
   DSCPP_CHECK(device.is_cpu() || (device.is_cuda() && at::hasCUDA()), ConfigError, "--device ",
               a.device, " is not available in this build or on this host. HINT: --device cpu");
+  if (device.is_cuda() && !device.has_index()) {
+    // One GPU per local rank (the launcher sets LOCAL_RANK and, with --include, the visible
+    // devices).
+    const int gpus = static_cast<int>(torch::cuda::device_count());
+    device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(detect_process_env().local_rank % gpus));
+  }
   if (config.fp16.enabled && device.is_cpu()) {
     // libtorch's CPU kernels cover few fp16 operations (1.13: no matmul, softmax, layer_norm,
     // GELU); the GPT needs them all.

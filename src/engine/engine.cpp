@@ -143,9 +143,11 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, Config config, InitOpti
     DSCPP_CHECK(config_.optimizer.type != "Lamb", ConfigError,
                 "the Lamb optimizer needs per-parameter norms across shards and is not "
                 "supported with ZeRO stage ", stage_, ". HINT: use stage 0, or Adam/AdamW");
-    DSCPP_LOG_INFO("ZeRO stage {}: {} parameters padded to {}, this rank updates [{}, {})",
+    DSCPP_LOG_INFO("ZeRO stage {}: {} parameters padded to {}, this rank updates [{}, {}); "
+                   "parameters are all-gathered in place with no staging buffer, so "
+                   "allgather_bucket_size ({}) has nothing to bound",
                    stage_, reducer_->numel(), reducer_->padded_numel(), shard_offset_,
-                   shard_offset_ + shard_numel_);
+                   shard_offset_ + shard_numel_, zc.allgather_bucket_size);
   }
   // Ranks start identical whatever their seeds: trainable parameters (mixed precision: above),
   // frozen parameters and buffers from rank 0 (in fp32: Gloo cannot move every dtype).

@@ -125,6 +125,48 @@ TEST(EngineZero, BucketsLaunchDuringBackwardDespiteAnUnusedParameter) {
   for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
 }
 
+// A parameter registered under two names (tied, used twice in forward) is one parameter: the
+// engine holds it once and its two gradient contributions are summed before it is reduced.
+struct TiedNetImpl : torch::nn::Module {
+  TiedNetImpl() {
+    w = register_parameter("encoder_w", at::linspace(-0.3, 0.4, 32).reshape({4, 8}));
+    register_parameter("decoder_w", w);  // the same tensor
+    b = register_parameter("b", at::zeros({4}));
+  }
+  at::Tensor forward(const at::Tensor& x) {  // [n, 8] -> [n, 4] -> [n, 8] -> [n, 4]
+    at::Tensor h = at::tanh(at::linear(x, w, b));
+    return at::linear(at::linear(h, w.t()), w);
+  }
+  at::Tensor w, b;
+};
+TORCH_MODULE(TiedNet);
+
+TEST(EngineZero, TiedParameterIsOneParameterAtEveryStage) {
+  std::vector<std::vector<double>> losses(3);
+  std::vector<at::Tensor> weights(3);
+  for (int stage : {0, 1, 2}) {
+    auto errors = run_thread_ranks(2, [&](Communicator& c) {
+      TiedNet net;
+      auto engine = initialize(net.ptr(), config_json(4, 2, kAdamW + ", \"zero_optimization\": {\"stage\": " +
+                                                                std::to_string(stage) + ", \"reduce_bucket_size\": 8}"),
+                               borrowed(c));
+      EXPECT_EQ(engine->memory_stats().params, 4 * (32 + 4));
+      auto X = dataset_x().narrow(0, 2 * c.rank(), 2), Y = dataset_y().narrow(0, 2 * c.rank(), 2);
+      for (int s = 0; s < 4; ++s) {
+        engine->backward(at::mse_loss(net->forward(X), Y));
+        engine->step();
+        if (c.rank() == 0) losses[stage].push_back(engine->last_step().loss);
+      }
+      if (c.rank() == 0) weights[stage] = net->w.detach().clone();
+    });
+    for (auto& e : errors) ASSERT_FALSE(e) << "stage " << stage << ": " << error_text(e);
+  }
+  for (int stage : {1, 2}) {
+    for (size_t i = 0; i < losses[0].size(); ++i) EXPECT_NEAR(losses[stage][i], losses[0][i], 1e-6 * losses[0][i]);
+    EXPECT_TRUE(at::allclose(weights[stage], weights[0], 1e-6, 1e-7)) << "stage " << stage;
+  }
+}
+
 TEST(EngineZero, ClientOptimizerNeedsZeroAllowUntestedOptimizer) {
   auto errors = run_thread_ranks(1, [&](Communicator& c) {
     Net net = make_net(1);
