@@ -87,6 +87,10 @@ class Communicator {
                                 std::vector<int64_t> counts) = 0;
   // Equal chunks: output.numel() == world_size() * input.numel().
   WorkHandle all_gather(at::Tensor output, at::Tensor input);
+  // outputs[r] (one contiguous tensor per rank, anywhere) receives rank r's input; input may be
+  // outputs[rank] (in place). ZeRO gathers piece j of every rank's shard this way, straight
+  // into the parameter buffer, with no staging.
+  virtual WorkHandle all_gather_into(std::vector<at::Tensor> outputs, at::Tensor input) = 0;
 
   virtual WorkHandle broadcast(at::Tensor tensor, int root) = 0;
   virtual WorkHandle barrier() = 0;

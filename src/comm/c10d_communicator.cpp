@@ -385,6 +385,51 @@ WorkHandle C10dCommunicator::all_gather(at::Tensor output, at::Tensor input,
   });
 }
 
+WorkHandle C10dCommunicator::all_gather_into(std::vector<at::Tensor> outputs, at::Tensor input) {
+  DSCPP_CHECK(static_cast<int>(outputs.size()) == world_size_, CommError, "all_gather_into: ",
+              outputs.size(), " outputs but the world size is ", world_size_);
+  check_flat(input, "all_gather_into input");
+  int64_t total = 0;
+  for (auto& o : outputs) {
+    check_flat(o, "all_gather_into output");
+    DSCPP_CHECK(o.scalar_type() == input.scalar_type() && o.device() == input.device(), CommError,
+                "all_gather_into: an output is ", o.scalar_type(), " on ", o.device(),
+                ", the input ", input.scalar_type(), " on ", input.device());
+    total += o.numel();
+  }
+  DSCPP_CHECK(outputs[rank_].numel() == input.numel(), CommError, "all_gather_into: output ",
+              rank_, " has ", outputs[rank_].numel(), " elements, the input ", input.numel());
+  OpDesc d{OpKind::all_gather, input.scalar_type(), total, -1};
+  return enqueue(d, true, [this, outputs, input](int64_t seq) mutable -> Pending {
+    bool equal = true;
+    for (auto& o : outputs) equal = equal && o.numel() == input.numel();
+    if (native_flat_ && equal) {
+      std::vector<std::vector<at::Tensor>> out{outputs};
+      std::vector<at::Tensor> in{input};
+      c10d::AllgatherOptions o;
+      o.timeout = options_.timeout;
+      wait_c10d(backend_->allgather(out, in, o));
+      return {};
+    }
+    if (native_flat_) {
+      // NOTE [uneven on NCCL]: each non-empty output is broadcast from its owner.
+      for (int r = 0; r < world_size_; ++r) {
+        if (outputs[r].numel() == 0) continue;
+        if (r == rank_ && outputs[r].data_ptr() != input.data_ptr()) outputs[r].copy_(input);
+        std::vector<at::Tensor> v{outputs[r]};
+        c10d::BroadcastOptions o;
+        o.rootRank = r;
+        o.timeout = options_.timeout;
+        wait_c10d(backend_->broadcast(v, o));
+      }
+      return {};
+    }
+    RingContext ctx{*backend_, rank_, world_size_, ring_tag_base(seq), options_.timeout};
+    ring_all_gather(ctx, outputs, input);
+    return {};
+  });
+}
+
 WorkHandle C10dCommunicator::broadcast(at::Tensor tensor, int root) {
   check_flat(tensor, "broadcast");
   DSCPP_CHECK(root >= 0 && root < world_size_, CommError, "broadcast root ", root,

@@ -42,6 +42,7 @@ class C10dCommunicator final : public Communicator {
                             ReduceOp op) override;
   WorkHandle all_gather(at::Tensor output, at::Tensor input,
                         std::vector<int64_t> counts) override;
+  WorkHandle all_gather_into(std::vector<at::Tensor> outputs, at::Tensor input) override;
   WorkHandle broadcast(at::Tensor tensor, int root) override;
   WorkHandle barrier() override;
   WorkHandle send(at::Tensor tensor, int dst) override;

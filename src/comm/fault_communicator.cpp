@@ -62,6 +62,10 @@ WorkHandle FaultCommunicator::all_gather(at::Tensor output, at::Tensor input,
   if (auto w = intercept("all_gather")) return w;
   return inner_->all_gather(std::move(output), std::move(input), std::move(counts));
 }
+WorkHandle FaultCommunicator::all_gather_into(std::vector<at::Tensor> outputs, at::Tensor input) {
+  if (auto w = intercept("all_gather")) return w;
+  return inner_->all_gather_into(std::move(outputs), std::move(input));
+}
 WorkHandle FaultCommunicator::broadcast(at::Tensor tensor, int root) {
   if (auto w = intercept("broadcast")) return w;
   return inner_->broadcast(std::move(tensor), root);

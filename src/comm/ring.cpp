@@ -114,13 +114,17 @@ void ring_reduce_scatter(const RingContext& ctx, at::Tensor& output, const at::T
 
 void ring_all_gather(const RingContext& ctx, at::Tensor& output, const at::Tensor& input,
                      const std::vector<int64_t>& counts) {
-  const int n = ctx.world_size, r = ctx.rank;
   auto off = offsets_of(counts);
-  auto chunk = [&](int c) { return output.narrow(0, off[c], counts[c]); };
-  chunk(r).copy_(input);
-  for (int s = 0; s < n - 1; ++s) {
-    exchange(ctx, s, chunk(mod(r - s, n)), chunk(mod(r - s - 1, n)));
-  }
+  std::vector<at::Tensor> outputs;
+  for (size_t c = 0; c < counts.size(); ++c) outputs.push_back(output.narrow(0, off[c], counts[c]));
+  ring_all_gather(ctx, outputs, input);
+}
+
+void ring_all_gather(const RingContext& ctx, const std::vector<at::Tensor>& outputs,
+                     const at::Tensor& input) {
+  const int n = ctx.world_size, r = ctx.rank;
+  if (outputs[r].data_ptr() != input.data_ptr()) outputs[r].copy_(input);
+  for (int s = 0; s < n - 1; ++s) exchange(ctx, s, outputs[mod(r - s, n)], outputs[mod(r - s - 1, n)]);
 }
 
 }  // namespace dscpp::comm

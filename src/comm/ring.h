@@ -39,5 +39,9 @@ void ring_reduce_scatter(const RingContext& ctx, at::Tensor& output, const at::T
 // input [counts[rank]]; output [sum(counts)] gets all inputs in rank order. No extra memory.
 void ring_all_gather(const RingContext& ctx, at::Tensor& output, const at::Tensor& input,
                      const std::vector<int64_t>& counts);
+// The same into one tensor per rank (outputs[r] gets rank r's input; input may be
+// outputs[rank]).
+void ring_all_gather(const RingContext& ctx, const std::vector<at::Tensor>& outputs,
+                     const at::Tensor& input);
 
 }  // namespace dscpp::comm

@@ -143,11 +143,9 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, Config config, InitOpti
     DSCPP_CHECK(config_.optimizer.type != "Lamb", ConfigError,
                 "the Lamb optimizer needs per-parameter norms across shards and is not "
                 "supported with ZeRO stage ", stage_, ". HINT: use stage 0, or Adam/AdamW");
-    DSCPP_LOG_INFO("ZeRO stage {}: {} parameters padded to {}, this rank updates [{}, {}); "
-                   "parameters are all-gathered in place with no staging buffer, so "
-                   "allgather_bucket_size ({}) has nothing to bound",
+    DSCPP_LOG_INFO("ZeRO stage {}: {} parameters padded to {}, this rank updates [{}, {})",
                    stage_, reducer_->numel(), reducer_->padded_numel(), shard_offset_,
-                   shard_offset_ + shard_numel_, zc.allgather_bucket_size);
+                   shard_offset_ + shard_numel_);
   }
   // Ranks start identical whatever their seeds: trainable parameters (mixed precision: above),
   // frozen parameters and buffers from rank 0 (in fp32: Gloo cannot move every dtype).
@@ -397,11 +395,20 @@ void Engine::reduce_stats(Reduced& r, double shard_sq_norm) {
 }
 
 void Engine::gather_params() {
-  // Stages 1-2: every rank's updated shard to every rank, in place in the parameter buffer (the
-  // shard is its own chunk of the output), so no staging buffer is needed and
-  // allgather_bucket_size, which bounds DeepSpeed's staging, has nothing to bound here.
+  // Stages 1-2: every rank's updated shard to every rank, allgather_bucket_size elements per
+  // collective (allgather_bucket_size / N from each rank), straight into the parameter buffer:
+  // piece j of rank r's shard lands where it belongs, so there is no staging buffer and no copy.
   at::Tensor flat = reducer_->padded_params();
-  comm_->all_gather(flat, flat.narrow(0, shard_offset_, shard_numel_))->wait();
+  const int world = comm_->world_size();
+  const int64_t piece = std::max<int64_t>(1, config_.zero_optimization.allgather_bucket_size / world);
+  std::vector<comm::WorkHandle> works;
+  for (int64_t start = 0; start < shard_numel_; start += piece) {
+    const int64_t len = std::min(piece, shard_numel_ - start);
+    std::vector<at::Tensor> outputs;
+    for (int r = 0; r < world; ++r) outputs.push_back(flat.narrow(0, r * shard_numel_ + start, len));
+    works.push_back(comm_->all_gather_into(outputs, outputs[comm_->rank()]));
+  }
+  for (auto& w : works) w->wait();
 }
 
 void Engine::apply_step() {

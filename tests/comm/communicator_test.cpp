@@ -140,6 +140,19 @@ TEST_P(CommWorld, AllGatherEvenAndUneven) {
       mine.copy_(rank_input(c.rank(), counts[c.rank()]));
       c.all_gather(buf, mine, counts)->wait();
       EXPECT_TRUE(at::equal(buf, want)) << "in place, n=" << n;
+      // Into one tensor per rank, anywhere (here every rank's piece sits after a gap of 3), in
+      // place, as ZeRO gathers piece j of every shard.
+      auto spread = at::full({n + 3 * world}, -1.0f);
+      std::vector<at::Tensor> outs;
+      int64_t at_ = 0;
+      for (int r = 0; r < world; ++r) {
+        outs.push_back(spread.narrow(0, at_ + 3, counts[r]));
+        at_ += 3 + counts[r];
+      }
+      outs[c.rank()].copy_(rank_input(c.rank(), counts[c.rank()]));
+      c.all_gather_into(outs, outs[c.rank()])->wait();
+      for (int r = 0; r < world; ++r) EXPECT_TRUE(at::equal(outs[r], parts[r])) << "into, n=" << n << " r=" << r;
+      EXPECT_EQ(spread.eq(-1.0f).sum().item<int64_t>(), 3 * world) << "wrote outside the outputs";
     }
     auto out = at::empty({3 * world}, at::kDouble);
     c.all_gather(out, rank_input(c.rank(), 3, at::kDouble))->wait();
