@@ -36,6 +36,12 @@ struct StepContext {
   // The gradients are multiplied by 1/grad_scale inside the kernel (the fp16 loss-scale unscale
   // fused with the step). 1.0: none. > 0.
   double grad_scale = 1.0;
+  // params and grads are elements [offset, offset + params.numel()) of the buffer the optimizer
+  // was built for, so a large buffer can be stepped in pieces (ZeRO under mixed precision casts
+  // the gradients to fp32 a piece at a time). 0 with params of numel(): the whole buffer.
+  // Optimizers whose update needs the whole buffer at once (Lamb) refuse pieces
+  // (supports_pieces()).
+  int64_t offset = 0;
 };
 
 class Optimizer {
@@ -44,7 +50,8 @@ class Optimizer {
   // "Adam", "AdamW", "SGD", "Adagrad", "Lamb" or "Lion".
   virtual const char* name() const = 0;
 
-  // One update. params [numel()] and grads [numel()]: contiguous, same device as the state;
+  // One update. params and grads [numel()] (or a piece, see StepContext::offset): contiguous,
+  // same device as the state;
   // fp32 (the fused CPU kernel; other floating dtypes take the ATen path). Updates params and
   // the state in place; grads are only read. Throws dscpp::Error when the shapes, devices or
   // ctx are wrong (nothing is modified then).
@@ -54,6 +61,10 @@ class Optimizer {
   // [numel()] and contiguous, in a fixed order. They alias the live state: read them to save a
   // checkpoint, copy_() into them to restore one. SGD without momentum has none.
   virtual std::vector<std::pair<std::string, at::Tensor>> state() = 0;
+
+  // Whether step() takes a piece of the buffer (StepContext::offset); false for Lamb, whose
+  // trust ratios need whole parameters.
+  virtual bool supports_pieces() const { return true; }
 
   // The configured learning rate (what the first step runs at without a schedule).
   virtual double lr() const = 0;
@@ -142,6 +153,7 @@ class Lamb : public Optimizer {
   Lamb(const LambParams& params, int64_t numel, at::TensorOptions options,
        std::vector<std::pair<int64_t, int64_t>> segments = {});
   const char* name() const override { return "Lamb"; }
+  bool supports_pieces() const override { return false; }
   void step(at::Tensor& params, const at::Tensor& grads, const StepContext& ctx) override;
   std::vector<std::pair<std::string, at::Tensor>> state() override;
   double lr() const override { return params_.lr; }

@@ -23,6 +23,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Elements per piece of the mixed-precision optimizer step (16 MiB of fp32 gradient).
+constexpr int64_t kStepPiece = int64_t{1} << 22;
+
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -440,8 +443,6 @@ void Engine::apply_step() {
   // over the micro-batches actually taken needs gas * world / taken / loss_scale (1 at a normal
   // fp32 boundary). Mixed precision steps on an fp32 copy of the (shard of the) gradients.
   const double unscale = gradient_accumulation_steps() * world / red.micro_batches / loss_scale();
-  at::Tensor grads = dtype_ == at::kFloat ? red.grads : red.grads.to(at::kFloat);
-  if (unscale != 1.0) grads.mul_(unscale);
 
   // 2. Global gradient norm: of the whole gradient (stage 0, every rank holds it), or from the
   // shards' squared norms summed over ranks; the same arithmetic either way.
@@ -454,10 +455,16 @@ void Engine::apply_step() {
               "the learning rate or enable gradient_clipping");
   // 3. Clip by the global norm, as DeepSpeed does.
   const double clip = config_.gradient_clipping;
-  if (clip > 0) {
-    const double coef = clip / (grad_norm + 1e-6);
-    if (coef < 1.0) grads.mul_(coef);
-  }
+  const double coef = clip > 0 ? std::min(1.0, clip / (grad_norm + 1e-6)) : 1.0;
+  // Unscaled and clipped fp32 gradients: in place in fp32; under mixed precision cast a piece at
+  // a time, so the step never holds an fp32 copy of the whole (shard of the) gradient.
+  auto fp32_grads = [&](int64_t offset, int64_t len) {
+    at::Tensor g = red.grads.narrow(0, offset, len);
+    if (dtype_ != at::kFloat) g = g.to(at::kFloat);
+    if (unscale != 1.0) g.mul_(unscale);
+    if (coef < 1.0) g.mul_(coef);
+    return g;
+  };
   // 4. The optimizer step at the LR in force on the (fp32 master) weights, the update cast
   // back into the training dtype and all-gathered (stages 1-2), then the schedule ticks.
   DSCPP_LOG_DEBUG("optimizer step {}: loss {:.6f}, grad_norm {:.6f}, lr {:.6e}", global_steps_ + 1,
@@ -467,11 +474,18 @@ void Engine::apply_step() {
     ctx.lr = lr;
     ctx.step = global_steps_ + 1 - skipped_steps_;
     ctx.betas_override = lr_schedule_ ? lr_schedule_->get_betas() : std::nullopt;
-    optimizer_->step(master_, grads, ctx);
+    const int64_t n = master_.numel();
+    const int64_t piece = dtype_ != at::kFloat && optimizer_->supports_pieces() ? kStepPiece : n;
+    for (int64_t off = 0; off < n; off += piece) {
+      const int64_t len = std::min(piece, n - off);
+      at::Tensor p = master_.narrow(0, off, len);
+      ctx.offset = off;
+      optimizer_->step(p, fp32_grads(off, len), ctx);
+    }
   } else {
+    fp32_grads(0, red.grads.numel());  // in place: the client optimizer reads param.grad
     client_optimizer_->step();
   }
-  grads = at::Tensor();
   if (dtype_ != at::kFloat) reducer_->padded_params().narrow(0, shard_offset_, shard_numel_).copy_(master_);
   if (stage_ > 0) gather_params();
   const double used_scale = loss_scale();

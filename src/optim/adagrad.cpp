@@ -19,28 +19,30 @@ std::vector<std::pair<std::string, at::Tensor>> Adagrad::state() { return {{"sum
 
 void Adagrad::step(at::Tensor& params, const at::Tensor& grads, const StepContext& ctx) {
   check_step_args(params, grads, ctx, sum_);
+  // This call's range of the state (StepContext::offset).
+  at::Tensor sum = detail::range_of(sum_, ctx, params);
   const double wd = params_.weight_decay, eps = params_.eps;
   const double clr = ctx.lr / (1.0 + static_cast<double>(ctx.step - 1) * params_.lr_decay);
 
-  if (const auto path = detail::fused_path(params, grads, {sum_})) {
+  if (const auto path = detail::fused_path(params, grads, {sum})) {
     kernels::AdagradArgs a{};
     a.p = params.data_ptr<float>();
     a.g = grads.data_ptr<float>();
-    a.sum = sum_.data_ptr<float>();
+    a.sum = sum.data_ptr<float>();
     a.clr = static_cast<float>(clr);
     a.wd = static_cast<float>(wd);
     a.eps = static_cast<float>(eps);
     a.inv_scale = static_cast<float>(1.0 / ctx.grad_scale);
     const kernels::AdagradFn fn = kernel_table(*path).adagrad;
-    parallel_elements(numel_, [&](int64_t b, int64_t e) { fn(a, b, e); });
+    parallel_elements(params.numel(), [&](int64_t b, int64_t e) { fn(a, b, e); });
     return;
   }
 
   const c10::AutoGradMode no_grad(false);  // in-place updates of leaf parameters
   at::Tensor d = detail::unscaled_grads(grads, params, ctx.grad_scale);
   if (wd != 0.0) d = d.add(params, wd);
-  sum_.addcmul_(d, d, 1.0);
-  params.addcdiv_(d, sum_.sqrt().add_(eps), -clr);
+  sum.addcmul_(d, d, 1.0);
+  params.addcdiv_(d, sum.sqrt().add_(eps), -clr);
 }
 
 }  // namespace dscpp::optim

@@ -35,6 +35,9 @@ std::vector<std::pair<std::string, at::Tensor>> Adam::state() {
 
 void Adam::step(at::Tensor& params, const at::Tensor& grads, const StepContext& ctx) {
   check_step_args(params, grads, ctx, exp_avg_);
+  // This call's range of the state (StepContext::offset).
+  at::Tensor exp_avg = detail::range_of(exp_avg_, ctx, params);
+  at::Tensor exp_avg_sq = detail::range_of(exp_avg_sq_, ctx, params);
   const auto [beta1, beta2] = detail::step_betas(ctx, params_.betas);
   const double lr = ctx.lr, wd = params_.weight_decay, eps = params_.eps;
   // Bias corrections: step_size = lr / (1 - beta1^t), denominators scaled by 1/sqrt(1-beta2^t).
@@ -45,12 +48,12 @@ void Adam::step(at::Tensor& params, const at::Tensor& grads, const StepContext& 
   }
   const bool adamw = params_.adam_w_mode;
 
-  if (const auto path = detail::fused_path(params, grads, {exp_avg_, exp_avg_sq_})) {
+  if (const auto path = detail::fused_path(params, grads, {exp_avg, exp_avg_sq})) {
     kernels::AdamArgs a{};
     a.p = params.data_ptr<float>();
     a.g = grads.data_ptr<float>();
-    a.m = exp_avg_.data_ptr<float>();
-    a.v = exp_avg_sq_.data_ptr<float>();
+    a.m = exp_avg.data_ptr<float>();
+    a.v = exp_avg_sq.data_ptr<float>();
     a.beta1 = static_cast<float>(beta1);
     a.one_minus_beta1 = static_cast<float>(1.0 - beta1);
     a.beta2 = static_cast<float>(beta2);
@@ -62,7 +65,7 @@ void Adam::step(at::Tensor& params, const at::Tensor& grads, const StepContext& 
     a.decay = adamw ? static_cast<float>(1.0 - lr * wd) : 1.0f;
     a.inv_scale = static_cast<float>(1.0 / ctx.grad_scale);
     const kernels::AdamFn fn = kernel_table(*path).adam;
-    parallel_elements(numel_, [&](int64_t b, int64_t e) { fn(a, b, e); });
+    parallel_elements(params.numel(), [&](int64_t b, int64_t e) { fn(a, b, e); });
     return;
   }
 
@@ -70,11 +73,11 @@ void Adam::step(at::Tensor& params, const at::Tensor& grads, const StepContext& 
   const c10::AutoGradMode no_grad(false);  // in-place updates of leaf parameters
   at::Tensor g = detail::unscaled_grads(grads, params, ctx.grad_scale);
   if (!adamw && wd != 0.0) g = g.add(params, wd);
-  exp_avg_.mul_(beta1).add_(g, 1.0 - beta1);
-  exp_avg_sq_.mul_(beta2).addcmul_(g, g, 1.0 - beta2);
-  at::Tensor denom = exp_avg_sq_.sqrt().mul_(inv_sqrt_bc2).add_(eps);
+  exp_avg.mul_(beta1).add_(g, 1.0 - beta1);
+  exp_avg_sq.mul_(beta2).addcmul_(g, g, 1.0 - beta2);
+  at::Tensor denom = exp_avg_sq.sqrt().mul_(inv_sqrt_bc2).add_(eps);
   if (adamw && wd != 0.0) params.mul_(1.0 - lr * wd);
-  params.addcdiv_(exp_avg_, denom, -step_size);
+  params.addcdiv_(exp_avg, denom, -step_size);
 }
 
 }  // namespace dscpp::optim

@@ -23,14 +23,16 @@ std::vector<std::pair<std::string, at::Tensor>> Lion::state() { return {{"exp_av
 
 void Lion::step(at::Tensor& params, const at::Tensor& grads, const StepContext& ctx) {
   check_step_args(params, grads, ctx, exp_avg_);
+  // This call's range of the state (StepContext::offset).
+  at::Tensor exp_avg = detail::range_of(exp_avg_, ctx, params);
   const auto [beta1, beta2] = detail::step_betas(ctx, params_.betas);
   const double lr = ctx.lr, wd = params_.weight_decay;
 
-  if (const auto path = detail::fused_path(params, grads, {exp_avg_})) {
+  if (const auto path = detail::fused_path(params, grads, {exp_avg})) {
     kernels::LionArgs a{};
     a.p = params.data_ptr<float>();
     a.g = grads.data_ptr<float>();
-    a.m = exp_avg_.data_ptr<float>();
+    a.m = exp_avg.data_ptr<float>();
     a.lr = static_cast<float>(lr);
     a.decay = static_cast<float>(1.0 - lr * wd);
     a.beta1 = static_cast<float>(beta1);
@@ -39,16 +41,16 @@ void Lion::step(at::Tensor& params, const at::Tensor& grads, const StepContext& 
     a.one_minus_beta2 = static_cast<float>(1.0 - beta2);
     a.inv_scale = static_cast<float>(1.0 / ctx.grad_scale);
     const kernels::LionFn fn = kernel_table(*path).lion;
-    parallel_elements(numel_, [&](int64_t b, int64_t e) { fn(a, b, e); });
+    parallel_elements(params.numel(), [&](int64_t b, int64_t e) { fn(a, b, e); });
     return;
   }
 
   const c10::AutoGradMode no_grad(false);  // in-place updates of leaf parameters
   const at::Tensor g = detail::unscaled_grads(grads, params, ctx.grad_scale);
-  at::Tensor c = exp_avg_.mul(beta1).add_(g, 1.0 - beta1);
+  at::Tensor c = exp_avg.mul(beta1).add_(g, 1.0 - beta1);
   if (wd != 0.0) params.mul_(1.0 - lr * wd);
   params.add_(c.sign_(), -lr);
-  exp_avg_.mul_(beta2).add_(g, 1.0 - beta2);
+  exp_avg.mul_(beta2).add_(g, 1.0 - beta2);
 }
 
 }  // namespace dscpp::optim

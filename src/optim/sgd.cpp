@@ -24,19 +24,21 @@ std::vector<std::pair<std::string, at::Tensor>> SGD::state() {
 
 void SGD::step(at::Tensor& params, const at::Tensor& grads, const StepContext& ctx) {
   check_step_args(params, grads, ctx, momentum_buffer_);
+  // This call's range of the state (StepContext::offset).
+  at::Tensor momentum_buffer = detail::range_of(momentum_buffer_, ctx, params);
   const double lr = ctx.lr, wd = params_.weight_decay, dampening = params_.dampening;
   // OneCycle-style override of the momentum (only with a momentum buffer).
-  const double momentum = ctx.betas_override && momentum_buffer_.defined()
+  const double momentum = ctx.betas_override && momentum_buffer.defined()
                               ? ctx.betas_override->first
                               : params_.momentum;
   // torch.optim.SGD: the buffer is the first step's d, later momentum*buf + (1-dampening)*d.
   const bool first = ctx.step == 1;
 
-  if (const auto path = detail::fused_path(params, grads, {momentum_buffer_})) {
+  if (const auto path = detail::fused_path(params, grads, {momentum_buffer})) {
     kernels::SgdArgs a{};
     a.p = params.data_ptr<float>();
     a.g = grads.data_ptr<float>();
-    a.buf = momentum_buffer_.defined() ? momentum_buffer_.data_ptr<float>() : nullptr;
+    a.buf = momentum_buffer.defined() ? momentum_buffer.data_ptr<float>() : nullptr;
     a.lr = static_cast<float>(lr);
     a.wd = static_cast<float>(wd);
     a.inv_scale = static_cast<float>(1.0 / ctx.grad_scale);
@@ -45,20 +47,20 @@ void SGD::step(at::Tensor& params, const at::Tensor& grads, const StepContext& c
     a.nest_d = params_.nesterov ? 1.0f : 0.0f;
     a.nest_buf = params_.nesterov ? static_cast<float>(momentum) : 1.0f;
     const kernels::SgdFn fn = kernel_table(*path).sgd;
-    parallel_elements(numel_, [&](int64_t b, int64_t e) { fn(a, b, e); });
+    parallel_elements(params.numel(), [&](int64_t b, int64_t e) { fn(a, b, e); });
     return;
   }
 
   const c10::AutoGradMode no_grad(false);  // in-place updates of leaf parameters
   at::Tensor d = detail::unscaled_grads(grads, params, ctx.grad_scale);
   if (wd != 0.0) d = d.add(params, wd);
-  if (momentum_buffer_.defined()) {
+  if (momentum_buffer.defined()) {
     if (first) {
-      momentum_buffer_.copy_(d);
+      momentum_buffer.copy_(d);
     } else {
-      momentum_buffer_.mul_(momentum).add_(d, 1.0 - dampening);
+      momentum_buffer.mul_(momentum).add_(d, 1.0 - dampening);
     }
-    d = params_.nesterov ? d.add(momentum_buffer_, momentum) : momentum_buffer_;
+    d = params_.nesterov ? d.add(momentum_buffer, momentum) : momentum_buffer;
   }
   params.add_(d, -lr);
 }

@@ -23,6 +23,11 @@ std::optional<KernelPath> fused_path(const at::Tensor& params, const at::Tensor&
 // is needed; never modified in place).
 at::Tensor unscaled_grads(const at::Tensor& grads, const at::Tensor& like, double grad_scale);
 
+// Elements [ctx.offset, ctx.offset + params.numel()) of a state tensor (undefined stays undefined).
+inline at::Tensor range_of(const at::Tensor& state, const StepContext& ctx, const at::Tensor& params) {
+  return state.defined() ? state.narrow(0, ctx.offset, params.numel()) : state;
+}
+
 // ctx.betas_override, else the configured betas.
 std::pair<double, double> step_betas(const StepContext& ctx, const std::array<double, 2>& betas);
 

@@ -607,6 +607,48 @@ TEST(OptimPaths, LeafParametersThatRequireGradAreUpdatedInPlace) {
   }
 }
 
+// Stepping a buffer in pieces (StepContext::offset, as ZeRO's mixed-precision step does) is the
+// same update as stepping it whole, on every path; Lamb, whose trust ratios need whole
+// parameters, refuses pieces.
+TEST(OptimPieces, PiecesGiveTheWholeBufferUpdate) {
+  const int64_t n = 1001;
+  OptimizerConfig cfg;
+  cfg.sgd.momentum = 0.9;
+  for (KernelPath path : paths()) {
+    ScopedKernelPath force(path);
+    for (const char* type : {"Adam", "AdamW", "SGD", "Adagrad", "Lion"}) {
+      cfg.type = type;
+      auto whole = make_optimizer(cfg, n, at::kFloat);
+      auto pieces = make_optimizer(cfg, n, at::kFloat);
+      at::Tensor pw = make_params(n, 4), pp = pw.clone();
+      for (int t = 1; t <= kSteps; ++t) {
+        const at::Tensor g = make_grad(n, t, 4);
+        StepContext ctx;
+        ctx.lr = step_lr(1e-2, t);
+        ctx.step = t;
+        whole->step(pw, g, ctx);
+        // Piece boundaries on multiples of 16 elements, as the engine's pieces are: the SIMD
+        // kernels' scalar tails may round an element differently from their vector bodies.
+        const std::vector<int64_t> cuts = {0, 320, 336, 992, n};
+        for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+          const int64_t off = cuts[k], end = cuts[k + 1];
+          at::Tensor p = pp.narrow(0, off, end - off);
+          ctx.offset = off;
+          pieces->step(p, g.narrow(0, off, end - off), ctx);
+        }
+      }
+      EXPECT_TRUE(at::equal(pp, pw)) << type << " " << to_string(path);
+    }
+  }
+  cfg.type = "Lamb";
+  auto lamb = make_optimizer(cfg, n, at::kFloat);
+  EXPECT_FALSE(lamb->supports_pieces());
+  at::Tensor p = make_params(n, 4).narrow(0, 0, 10);
+  StepContext ctx;
+  ctx.lr = 1e-2;
+  EXPECT_THROW(lamb->step(p, make_grad(n, 1, 4).narrow(0, 0, 10), ctx), Error);
+}
+
 // The ATen path on CUDA against the fused CPU kernel (skipped without a GPU).
 TEST(OptimCuda, TorchPathOnCudaMatchesCpuKernel) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
