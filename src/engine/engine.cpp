@@ -249,7 +249,7 @@ void Engine::backward(const at::Tensor& loss) {
     // collectives stay in step, then report the error. Unless every gradient was complete, the
     // window is spoiled: it is flagged to every rank (at stage 0 in the side channel, which
     // rides in the last bucket) and step() drops it everywhere.
-    if (!reducer_->all_buckets_launched()) {
+    if (!reducer_->all_buckets_launched() || reducer_->late_gradient()) {
       window_failed_ = true;
       if (reduce && reducer_->side_channel().numel() > 0) write_side_channel();
     }

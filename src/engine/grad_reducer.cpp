@@ -161,6 +161,7 @@ void GradReducer::prepare_backward(bool reduce, const at::Tensor& loss) {
   next_bucket_ = 0;
   works_.clear();
   std::fill(got_grad_.begin(), got_grad_.end(), 0);
+  late_gradient_ = false;
   for (auto& b : buckets_) {
     b.pending = static_cast<int>(b.params.size());
     b.launched = false;
@@ -194,18 +195,24 @@ std::vector<char> GradReducer::reachable_from(const at::Tensor& loss) const {
 
 void GradReducer::on_grad_ready(int param) {
   std::lock_guard<std::mutex> g(mu_);
-  if (got_grad_[param]) {
-    // A second gradient for the same parameter in one backward (reentrant activation
-    // checkpointing, say): harmless until its bucket is reduced, lost after.
-    DSCPP_CHECK(!(reducing_ && buckets_[bucket_of_param_[param]].launched), Error,
-                "parameter '", names_[param], "' received a second gradient in one backward "
-                "after its bucket had been reduced, so that gradient would be lost. HINT: "
-                "reentrant activation checkpointing is not supported; use non-reentrant "
-                "checkpointing, or run each backward through the engine");
-    return;
+  if (reducing_ && buckets_[bucket_of_param_[param]].launched) {
+    // A gradient after its bucket was reduced: a second one for the same parameter, or one the
+    // loss's autograd graph did not show (a custom function that runs a backward of its own,
+    // such as reentrant activation checkpointing). It would be lost: say so, and spoil the window.
+    late_gradient_ = true;
+    DSCPP_FAIL(Error, "parameter '", names_[param], "' received a gradient in this backward after "
+               "its bucket had been reduced, so that gradient would be lost. HINT: reentrant "
+               "activation checkpointing (a function that runs its own backward) is not "
+               "supported; use non-reentrant checkpointing");
   }
+  if (got_grad_[param]) return;  // a second gradient before the reduction: accumulated, fine
   got_grad_[param] = 1;
   if (reducing_) mark_ready_locked(param);
+}
+
+bool GradReducer::late_gradient() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return late_gradient_;
 }
 
 void GradReducer::mark_ready_locked(int param) {

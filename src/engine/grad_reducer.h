@@ -123,6 +123,9 @@ class GradReducer {
   // Whether every bucket of this backward has been launched (false in a backward that does not
   // reduce): once true, every gradient of this backward is complete.
   bool all_buckets_launched() const;
+  // Whether a gradient arrived after its bucket was reduced in this backward (an error was
+  // raised from the hook; the gradients are incomplete).
+  bool late_gradient() const;
   // Bytes of the gradient buffers held between steps (full buffer or shard) and of the staging
   // buffers (kReduceScatter with contiguous_gradients).
   int64_t grad_bytes() const;
@@ -180,6 +183,7 @@ class GradReducer {
 
   mutable std::mutex mu_;
   bool reducing_ = false;
+  bool late_gradient_ = false;
   size_t next_bucket_ = 0;
   std::vector<comm::WorkHandle> works_;  // kAllReduce
   std::deque<InFlight> in_flight_;       // stages 1-2
