@@ -1,7 +1,9 @@
 // The training engine: what a C++ program gets from dscpp::initialize(). It owns the data-parallel
-// gradient path (gradients averaged over ranks in buckets while backward runs, at
-// gradient-accumulation boundaries only), the optimizer and LR schedule built from the DeepSpeed
-// config, gradient clipping, and step logging.
+// gradient path (gradients averaged over ranks in buckets while backward runs: at
+// gradient-accumulation boundaries at ZeRO stages 0-1, in every backward into a gradient shard
+// at stage 2), the optimizer (on this rank's shard at stages 1-2) and LR schedule built from
+// the DeepSpeed config, mixed precision (bf16, fp16 with loss scaling, fp32 master weights),
+// gradient clipping, and step logging. docs/engine.md and docs/zero.md describe each part.
 //
 //   auto model = std::make_shared<MyNet>();
 //   auto engine = dscpp::initialize(model, "ds_config.json");
