@@ -89,7 +89,8 @@ class Communicator {
   WorkHandle all_gather(at::Tensor output, at::Tensor input);
   // outputs[r] (one contiguous tensor per rank, anywhere) receives rank r's input; input may be
   // outputs[rank] (in place). ZeRO gathers piece j of every rank's shard this way, straight
-  // into the parameter buffer, with no staging.
+  // into the parameter buffer (Gloo: no staging; NCCL's list all-gather stages world x piece
+  // inside libtorch).
   virtual WorkHandle all_gather_into(std::vector<at::Tensor> outputs, at::Tensor input) = 0;
 
   virtual WorkHandle broadcast(at::Tensor tensor, int root) = 0;

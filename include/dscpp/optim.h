@@ -36,12 +36,12 @@ struct StepContext {
   // The gradients are multiplied by 1/grad_scale inside the kernel (the fp16 loss-scale unscale
   // fused with the step). 1.0: none. > 0.
   double grad_scale = 1.0;
-  // params and grads are elements [offset, offset + params.numel()) of the buffer the optimizer
-  // was built for, so a large buffer can be stepped in pieces (ZeRO under mixed precision casts
-  // the gradients to fp32 a piece at a time). 0 with params of numel(): the whole buffer.
+  // Set: params and grads are elements [*offset, *offset + params.numel()) of the buffer the
+  // optimizer was built for, so a large buffer can be stepped in pieces (ZeRO under mixed
+  // precision casts the gradients to fp32 a piece at a time). Unset (default): the whole buffer.
   // Optimizers whose update needs the whole buffer at once (Lamb) refuse pieces
   // (supports_pieces()).
-  int64_t offset = 0;
+  std::optional<int64_t> offset;
 };
 
 class Optimizer {

@@ -242,20 +242,32 @@ void Engine::backward(const at::Tensor& loss) {
   // loss is a mean over its samples, so scale by 1/GAS here and average over ranks. fp16 also
   // multiplies by the loss scale (in fp32: 2^16 is no fp16 number), divided out in apply_step().
   const double scale = loss_scale() / static_cast<double>(gradient_accumulation_steps());
-  try {
-    (loss.to(at::kFloat) * scale).backward();
-  } catch (...) {
-    // The other ranks go on reducing: launch and finish this rank's buckets too, so the
-    // collectives stay in step, then report the error. Unless every gradient was complete, the
-    // window is spoiled: it is flagged to every rank (at stage 0 in the side channel, which
-    // rides in the last bucket) and step() drops it everywhere.
-    if (!reducer_->all_buckets_launched() || reducer_->late_gradient()) {
+  // When backward fails the other ranks go on reducing: this rank launches and finishes its
+  // buckets too, so the collectives stay in step. Unless every gradient was complete, the window
+  // is spoiled: it is flagged to every rank (at stage 0 in the side channel, whose bucket goes
+  // only in finish_backward) and step() drops it everywhere.
+  auto fail_window = [&] {
+    if (!reducer_->all_gradients_ready() || reducer_->late_gradient()) {
       window_failed_ = true;
       if (reduce && reducer_->side_channel().numel() > 0) write_side_channel();
     }
     reducer_->finish_backward();
     window_reduced_ = reduce;
+  };
+  try {
+    (loss.to(at::kFloat) * scale).backward();
+  } catch (...) {
+    fail_window();
     throw;
+  }
+  if (reducer_->late_gradient()) {
+    // The hook's error was caught inside backward (by the user's code in a hook, say): the
+    // gradient is still lost.
+    fail_window();
+    DSCPP_FAIL(Error, "a gradient arrived after its bucket had been reduced in this backward on "
+               "rank ", comm_->rank(), ", so it was lost; the window is dropped on every rank. "
+               "HINT: reentrant activation checkpointing (a function that runs its own backward) "
+               "is not supported");
   }
   t_reduce_wait_ += reducer_->finish_backward();
   window_reduced_ = reduce;
@@ -400,7 +412,8 @@ void Engine::reduce_stats(Reduced& r, double shard_sq_norm) {
 void Engine::gather_params() {
   // Stages 1-2: every rank's updated shard to every rank, allgather_bucket_size elements per
   // collective (allgather_bucket_size / N from each rank), straight into the parameter buffer:
-  // piece j of rank r's shard lands where it belongs, so there is no staging buffer and no copy.
+  // piece j of rank r's shard lands where it belongs (Gloo: no staging buffer and no copy; NCCL:
+  // libtorch's list all-gather stages world x piece).
   at::Tensor flat = reducer_->padded_params();
   const int world = comm_->world_size();
   const int64_t piece = std::max<int64_t>(1, config_.zero_optimization.allgather_bucket_size / world);
@@ -479,7 +492,7 @@ void Engine::apply_step() {
     for (int64_t off = 0; off < n; off += piece) {
       const int64_t len = std::min(piece, n - off);
       at::Tensor p = master_.narrow(0, off, len);
-      ctx.offset = off;
+      if (piece < n) ctx.offset = off;
       optimizer_->step(p, fp32_grads(off, len), ctx);
     }
   } else {

@@ -168,7 +168,9 @@ void GradReducer::prepare_backward(bool reduce, const at::Tensor& loss) {
   }
   // Parameters the loss cannot reach get no gradient in this backward: ready now.
   for (size_t i = 0; i < reach.size(); ++i) {
-    if (!reach[i]) mark_ready_locked(static_cast<int>(i));
+    if (reach[i]) continue;
+    got_grad_[i] = 2;
+    mark_ready_locked(static_cast<int>(i));
   }
 }
 
@@ -205,7 +207,12 @@ void GradReducer::on_grad_ready(int param) {
                "activation checkpointing (a function that runs its own backward) is not "
                "supported; use non-reentrant checkpointing");
   }
-  if (got_grad_[param]) return;  // a second gradient before the reduction: accumulated, fine
+  // A second gradient before the reduction is accumulated, fine; one for a parameter counted
+  // as unreachable is too (it was counted ready already).
+  if (got_grad_[param]) {
+    got_grad_[param] = 1;
+    return;
+  }
   got_grad_[param] = 1;
   if (reducing_) mark_ready_locked(param);
 }
@@ -224,6 +231,8 @@ void GradReducer::mark_ready_locked(int param) {
 void GradReducer::launch_in_order_locked() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     Bucket& b = buckets_[next_bucket_];
+    // The side channel's bucket waits for finish_backward (NOTE [side channel]).
+    if (&b == &buckets_.back() && side_channel_.numel() > 0 && !finishing_) break;
     if (options_.mode == ReduceMode::kAllReduce) launch_all_reduce(b);
     else launch_reduce_scatter(b);
     b.launched = true;
@@ -250,7 +259,7 @@ void GradReducer::launch_all_reduce(Bucket& b) {
   // The bucket at the start of the buffer, launched last, also carries the side channel just
   // before it (NOTE [side channel]).
   const int64_t side = side_channel_.numel();
-  at::Tensor t = b.offset == 0 && side > 0 ? grad_storage_.narrow(0, 0, side + b.numel) : slice;
+  at::Tensor t = &b == &buckets_.back() && side > 0 ? grad_storage_.narrow(0, 0, side + b.numel) : slice;
   works_.push_back(comm_.all_reduce(t, comm::ReduceOp::sum));
 }
 
@@ -339,7 +348,9 @@ double GradReducer::finish_backward() {
   std::unique_lock<std::mutex> g(mu_);
   if (!reducing_) return 0;
   for (auto& b : buckets_) b.pending = 0;  // unused parameters: reduce what is there
+  finishing_ = true;
   launch_in_order_locked();
+  finishing_ = false;
   works.swap(works_);
   reducing_ = false;
   auto t0 = std::chrono::steady_clock::now();
@@ -360,9 +371,12 @@ void GradReducer::reduce_all_now() {
   finish_backward();
 }
 
-bool GradReducer::all_buckets_launched() const {
+bool GradReducer::all_gradients_ready() const {
   std::lock_guard<std::mutex> g(mu_);
-  return next_bucket_ == buckets_.size();
+  for (const auto& b : buckets_) {
+    if (b.pending > 0) return false;
+  }
+  return true;
 }
 
 size_t GradReducer::buckets_launched() const {
@@ -374,7 +388,7 @@ std::vector<std::string> GradReducer::unused_in_last_backward() const {
   std::lock_guard<std::mutex> g(mu_);
   std::vector<std::string> out;
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (!got_grad_[i]) out.push_back(names_[i]);
+    if (got_grad_[i] != 1) out.push_back(names_[i]);
   }
   return out;
 }

@@ -36,11 +36,11 @@
 // missing gradients.
 //
 // NOTE [side channel]: the gradient buffer has `side_channel` extra elements before the first
-// parameter (kAllReduce only). They ride along in the last bucket launched (the one at the
-// start of the buffer) and are summed over ranks but never scaled, so the engine gets per-step
-// statistics (the window's loss, which ranks saw a non-finite loss or a failed backward)
-// without a collective of their own. Riding last, they can still be rewritten when a backward
-// fails before its gradients are complete.
+// parameter (kAllReduce only). They ride along in the last bucket (the one at the start of the
+// buffer) and are summed over ranks but never scaled, so the engine gets per-step statistics
+// (the window's loss, which ranks saw a non-finite loss or a failed backward) without a
+// collective of their own. That bucket is launched only by finish_backward(), never from a
+// hook, so the engine can still rewrite the statistics when a backward fails.
 //
 // Threading: hooks run on the autograd thread(s); the bucket state is guarded by a mutex.
 #pragma once
@@ -77,8 +77,9 @@ class GradReducer {
  public:
   // `params`: the trainable parameters, distinct, fp32, on one device. Replaces each
   // parameter's storage by a view into the flat buffer, cast to options.dtype. The flat buffer
-  // is padded with zeros to a multiple of the world size (for kAllReduce: not padded).
-  // `side_channel`: extra gradient elements summed in the first bucket (kAllReduce only).
+  // is padded with zeros to a multiple of the world size.
+  // `side_channel`: extra gradient elements summed with the last bucket (kAllReduce only;
+  // NOTE [side channel]).
   GradReducer(std::vector<at::Tensor> params, std::vector<std::string> names,
               comm::Communicator& comm, GradReduceOptions options, int64_t side_channel = 0);
   ~GradReducer();
@@ -120,9 +121,9 @@ class GradReducer {
   size_t num_buckets() const { return buckets_.size(); }
   // Buckets launched so far in the current backward (all of them once finish_backward returns).
   size_t buckets_launched() const;
-  // Whether every bucket of this backward has been launched (false in a backward that does not
-  // reduce): once true, every gradient of this backward is complete.
-  bool all_buckets_launched() const;
+  // Whether every parameter's gradient of this backward is in (or known not to come): the
+  // gradients are complete, whatever has been launched.
+  bool all_gradients_ready() const;
   // Whether a gradient arrived after its bucket was reduced in this backward (an error was
   // raised from the hook; the gradients are incomplete).
   bool late_gradient() const;
@@ -176,6 +177,8 @@ class GradReducer {
   std::vector<bool> staging_busy_;
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_param_;
+  // Per parameter in this backward: 0 nothing yet, 1 its gradient came, 2 the loss cannot reach
+  // it (counted ready before backward).
   std::vector<char> got_grad_;
   // The hooked gradient accumulators (kept alive) and their hook keys, removed on destruction so
   // a model that outlives its engine never calls into a dead reducer.
@@ -183,6 +186,7 @@ class GradReducer {
 
   mutable std::mutex mu_;
   bool reducing_ = false;
+  bool finishing_ = false;  // in finish_backward: the side channel's bucket may go
   bool late_gradient_ = false;
   size_t next_bucket_ = 0;
   std::vector<comm::WorkHandle> works_;  // kAllReduce

@@ -15,13 +15,16 @@ void Optimizer::check_step_args(const at::Tensor& params, const at::Tensor& grad
                                 const StepContext& ctx, const at::Tensor& any_state) const {
   DSCPP_CHECK(params.defined() && grads.defined(), Error, name(),
               ".step: params and grads must be defined tensors");
-  DSCPP_CHECK(params.numel() == grads.numel() && ctx.offset >= 0 &&
-                  ctx.offset + params.numel() <= numel_ &&
-                  (supports_pieces() || (ctx.offset == 0 && params.numel() == numel_)),
+  const int64_t off = ctx.offset.value_or(0);
+  DSCPP_CHECK(params.numel() == grads.numel() &&
+                  (ctx.offset ? supports_pieces() && off >= 0 && off + params.numel() <= numel_
+                              : params.numel() == numel_),
               Error, name(), ".step: params has ", params.numel(), " and grads ", grads.numel(),
-              " elements at offset ", ctx.offset, ", the optimizer was built for ", numel_,
+              " elements", ctx.offset ? " at offset " + std::to_string(off) : std::string(),
+              ", the optimizer was built for ", numel_,
               supports_pieces() ? "" : " and steps only the whole buffer",
-              ". HINT: pass the same flat buffer (or ZeRO shard) the optimizer was made for");
+              ". HINT: pass the same flat buffer (or ZeRO shard) the optimizer was made for, or "
+              "set StepContext::offset for a piece of it");
   DSCPP_CHECK(params.is_contiguous() && grads.is_contiguous(), Error, name(),
               ".step: params and grads must be contiguous flat buffers");
   DSCPP_CHECK(at::isFloatingType(params.scalar_type()) && at::isFloatingType(grads.scalar_type()),

@@ -23,9 +23,10 @@ std::optional<KernelPath> fused_path(const at::Tensor& params, const at::Tensor&
 // is needed; never modified in place).
 at::Tensor unscaled_grads(const at::Tensor& grads, const at::Tensor& like, double grad_scale);
 
-// Elements [ctx.offset, ctx.offset + params.numel()) of a state tensor (undefined stays undefined).
+// This step's elements of a state tensor: [offset, offset + params.numel()), offset 0 for the
+// whole buffer (undefined stays undefined).
 inline at::Tensor range_of(const at::Tensor& state, const StepContext& ctx, const at::Tensor& params) {
-  return state.defined() ? state.narrow(0, ctx.offset, params.numel()) : state;
+  return state.defined() ? state.narrow(0, ctx.offset.value_or(0), params.numel()) : state;
 }
 
 // ctx.betas_override, else the configured betas.

@@ -221,6 +221,41 @@ TEST(Engine, BackwardThatThrowsOnOneRankDropsTheWindowEverywhere) {
   }
 }
 
+// A zero-element parameter registered first shares offset 0 with the next bucket: the side
+// channel must still ride in exactly one bucket (summing it twice would double the micro-step
+// count and halve the update).
+struct EmptyFirstNetImpl : torch::nn::Module {
+  EmptyFirstNetImpl() {
+    empty = register_parameter("empty", at::zeros({0}));
+    fc = register_module("fc", torch::nn::Linear(8, 4));
+  }
+  at::Tensor forward(const at::Tensor& x) { return fc->forward(x) + empty.sum(); }
+  at::Tensor empty;
+  torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(EmptyFirstNet);
+
+TEST(Engine, ZeroElementParameterFirstKeepsTheSideChannelSingle) {
+  std::vector<at::Tensor> got(3);
+  for (int world : {1, 2}) {
+    auto errors = run_thread_ranks(world, [&](Communicator& c) {
+      at::manual_seed(11);
+      EmptyFirstNet net;
+      auto engine = initialize(net.ptr(), config_json(4, 4 / world, ", \"optimizer\": {\"type\": \"SGD\", "
+                                                                     "\"params\": {\"lr\": 0.1}}, \"zero_optimization\": "
+                                                                     "{\"reduce_bucket_size\": 8}"),
+                               borrowed(c));
+      const int b = 4 / world;
+      auto X = dataset_x().narrow(0, b * c.rank(), b), Y = dataset_y().narrow(0, b * c.rank(), b);
+      engine->backward(at::mse_loss(net->forward(X), Y));
+      engine->step();
+      if (c.rank() == 0) got[world] = net->fc->weight.detach().clone();
+    });
+    for (auto& e : errors) ASSERT_FALSE(e) << "world " << world << ": " << error_text(e);
+  }
+  EXPECT_TRUE(at::allclose(got[2], got[1], 1e-6, 1e-7));
+}
+
 // Regression: the gradient hooks must not outlive the engine that installed them.
 TEST(Engine, ModelOutlivesItsEngine) {
   auto errors = run_thread_ranks(1, [&](Communicator& c) {

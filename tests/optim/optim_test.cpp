@@ -640,12 +640,20 @@ TEST(OptimPieces, PiecesGiveTheWholeBufferUpdate) {
       EXPECT_TRUE(at::equal(pp, pw)) << type << " " << to_string(path);
     }
   }
+  // A shorter buffer without an offset is a mistake, not a piece.
+  cfg.type = "Adam";
+  auto adam = make_optimizer(cfg, n, at::kFloat);
+  at::Tensor prefix = make_params(n, 4).narrow(0, 0, 10);
+  StepContext whole;
+  whole.lr = 1e-2;
+  EXPECT_THROW(adam->step(prefix, make_grad(n, 1, 4).narrow(0, 0, 10), whole), Error);
   cfg.type = "Lamb";
   auto lamb = make_optimizer(cfg, n, at::kFloat);
   EXPECT_FALSE(lamb->supports_pieces());
   at::Tensor p = make_params(n, 4).narrow(0, 0, 10);
   StepContext ctx;
   ctx.lr = 1e-2;
+  ctx.offset = 0;
   EXPECT_THROW(lamb->step(p, make_grad(n, 1, 4).narrow(0, 0, 10), ctx), Error);
 }
 
