@@ -365,18 +365,10 @@ WorkHandle C10dCommunicator::all_gather(at::Tensor output, at::Tensor input,
       return {};
     }
     if (native_flat_) {
-      // NOTE [uneven on NCCL]: each non-empty chunk is broadcast from its owner.
       auto off = offsets_of(counts);
-      for (int r = 0; r < world_size_; ++r) {
-        if (counts[r] == 0) continue;
-        at::Tensor chunk = out.narrow(0, off[r], counts[r]);
-        if (r == rank_) chunk.copy_(in);
-        std::vector<at::Tensor> v{chunk};
-        c10d::BroadcastOptions o;
-        o.rootRank = r;
-        o.timeout = options_.timeout;
-        wait_c10d(backend_->broadcast(v, o));
-      }
+      std::vector<at::Tensor> chunks;
+      for (int r = 0; r < world_size_; ++r) chunks.push_back(out.narrow(0, off[r], counts[r]));
+      broadcast_from_owners(chunks, in);
       return {};
     }
     RingContext ctx{*backend_, rank_, world_size_, ring_tag_base(seq), options_.timeout};
@@ -412,22 +404,27 @@ WorkHandle C10dCommunicator::all_gather_into(std::vector<at::Tensor> outputs, at
       return {};
     }
     if (native_flat_) {
-      // NOTE [uneven on NCCL]: each non-empty output is broadcast from its owner.
-      for (int r = 0; r < world_size_; ++r) {
-        if (outputs[r].numel() == 0) continue;
-        if (r == rank_ && outputs[r].data_ptr() != input.data_ptr()) outputs[r].copy_(input);
-        std::vector<at::Tensor> v{outputs[r]};
-        c10d::BroadcastOptions o;
-        o.rootRank = r;
-        o.timeout = options_.timeout;
-        wait_c10d(backend_->broadcast(v, o));
-      }
+      broadcast_from_owners(outputs, input);
       return {};
     }
     RingContext ctx{*backend_, rank_, world_size_, ring_tag_base(seq), options_.timeout};
     ring_all_gather(ctx, outputs, input);
     return {};
   });
+}
+
+void C10dCommunicator::broadcast_from_owners(const std::vector<at::Tensor>& outputs,
+                                             const at::Tensor& input) {
+  // NOTE [uneven on NCCL]: each non-empty output is broadcast from its owner.
+  for (int r = 0; r < world_size_; ++r) {
+    if (outputs[r].numel() == 0) continue;
+    if (r == rank_ && outputs[r].data_ptr() != input.data_ptr()) outputs[r].copy_(input);
+    std::vector<at::Tensor> v{outputs[r]};
+    c10d::BroadcastOptions o;
+    o.rootRank = r;
+    o.timeout = options_.timeout;
+    wait_c10d(backend_->broadcast(v, o));
+  }
 }
 
 WorkHandle C10dCommunicator::broadcast(at::Tensor tensor, int root) {

@@ -69,6 +69,9 @@ class C10dCommunicator final : public Communicator {
   void run_task(Task& task);
   void check_same_op_everywhere(int64_t seq, const OpDesc& desc);
   void wait_c10d(const c10::intrusive_ptr<compat::C10dWork>& work);
+  // Uneven all-gather on NCCL: outputs[r] (on every rank) from rank r's input, one broadcast
+  // per non-empty output. Runs on the comm thread.
+  void broadcast_from_owners(const std::vector<at::Tensor>& outputs, const at::Tensor& input);
   int ring_tag_base(int64_t seq) const;
 
   c10::intrusive_ptr<compat::Backend> backend_;
