@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Throughput of `dscpp train` (stage 0) against PyTorch DDP (python3-torch 1.13.1, gloo,
 # torch.optim.AdamW) on the same GPT, batch, sequence length, data and threads: 2 ranks, one
-# intra-op thread each, runs alternated A B A B ..., medians and the per-pair ratio.
+# intra-op thread each, runs alternated A B C A B C ..., and the per-round ratio. A is dscpp as it
+# runs by default (shared-memory collectives between ranks on one host), B dscpp with every
+# collective on Gloo's TCP transport (DSCPP_COMM_SHM=off, as DDP's), C PyTorch DDP.
 #   [L=4 H=4 C=256 T=128 MB=8 BUCKET=500000] bench/ddp_vs_dscpp.sh [ROUNDS] [STEPS]
 # (model layers/heads/width, sequence length, micro-batch per rank, and the bucket size in fp32
 # elements for both: dscpp's reduce_bucket_size and DDP's bucket_cap_mb; the default is DDP's
@@ -21,15 +23,24 @@ cat >"$CFG" <<JSON
 JSON
 export OMP_NUM_THREADS=1
 port=$((21000 + RANDOM % 9000))
+ra=() rt=()
 tput() { grep -o 'throughput: [0-9.]*' | awk '{print $2}'; }
 rss() { grep -o 'peak RSS [0-9.]*' | awk '{s += $3; n++} END {printf "%.0f", s / n}'; }
-printf '| round | dscpp tokens/s | DDP tokens/s | ratio | dscpp RSS/rank MiB | DDP RSS/rank MiB |\n|---|---|---|---|---|---|\n'
+printf '| round | dscpp tokens/s | dscpp over TCP tokens/s | DDP tokens/s | dscpp / DDP | dscpp over TCP / DDP | dscpp RSS/rank MiB | DDP RSS/rank MiB |\n|---|---|---|---|---|---|---|---|\n'
+train() {
+  build/dscpp launch --num_procs 2 --master_port $((port++)) build/dscpp train --config "$CFG" \
+      --data "$DATA" --n_layer $L --n_head $H --n_embd $C --block_size $T --steps "$STEPS" --no_shuffle 2>&1
+}
 for r in $(seq "$ROUNDS"); do
-  a=$(build/dscpp launch --num_procs 2 --master_port $((port++)) build/dscpp train --config "$CFG" \
-      --data "$DATA" --n_layer $L --n_head $H --n_embd $C --block_size $T --steps "$STEPS" --no_shuffle 2>&1)
+  a=$(DSCPP_COMM_SHM=auto train)
+  t=$(DSCPP_COMM_SHM=off train)
   b=$(build/dscpp launch --num_procs 2 --master_port $((port++)) /usr/bin/python3 bench/ddp_gpt.py \
       --data "$DATA" --n_layer $L --n_head $H --n_embd $C --block_size $T --micro_batch $MB --steps "$STEPS" \
       --bucket_cap_mb "$(awk -v b="$BUCKET" 'BEGIN {print b * 4 / 1048576}')" 2>&1)
-  ta=$(tput <<<"$a"); tb=$(tput <<<"$b")
-  printf '| %s | %s | %s | %.3f | %s | %s |\n' "$r" "$ta" "$tb" "$(awk -v a="$ta" -v b="$tb" 'BEGIN {print a / b}')" "$(rss <<<"$a")" "$(rss <<<"$b")"
+  ta=$(tput <<<"$a"); tt=$(tput <<<"$t"); tb=$(tput <<<"$b")
+  ra+=("$(awk -v a="$ta" -v b="$tb" 'BEGIN {printf "%.3f", a / b}')")
+  rt+=("$(awk -v a="$tt" -v b="$tb" 'BEGIN {printf "%.3f", a / b}')")
+  printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$r" "$ta" "$tt" "$tb" "${ra[-1]}" "${rt[-1]}" "$(rss <<<"$a")" "$(rss <<<"$b")"
 done
+median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
+printf '| median | | | | %s | %s | | |\n' "$(median "${ra[@]}")" "$(median "${rt[@]}")"

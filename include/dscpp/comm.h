@@ -56,6 +56,14 @@ struct CommOptions {
   CommsLoggerConfig comms_logger;
   // "gloo", "nccl" or "auto" (nccl when CUDA is available and libtorch has NCCL, else gloo).
   std::string backend = "auto";
+  // Shared-memory collectives for CPU tensors when every rank is on one host (Gloo backend
+  // only; NOTE [shared-memory collectives] in src/comm/shm.h): "auto" uses them when the ranks
+  // share a host and warns when the segment cannot be made, "on" makes that an error, "off"
+  // keeps every collective on Gloo's TCP transport. Env DSCPP_COMM_SHM overrides.
+  std::string shm = "auto";
+  // Bytes of one rank's slot in the segment (the segment is 2 x world size x this). A collective
+  // larger than a slot runs in pieces.
+  int64_t shm_slot_bytes = int64_t{4} << 20;
 
   // Defaults, then the config's comms_logger section, then the environment variables above.
   static CommOptions from_config(const Config* config = nullptr);

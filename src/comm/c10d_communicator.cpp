@@ -117,7 +117,7 @@ C10dCommunicator::C10dCommunicator(c10::intrusive_ptr<compat::Backend> backend,
                                    std::string backend_name,
                                    c10::intrusive_ptr<c10d::Store> monitor_store,
                                    std::string prefix, int rank, int world_size,
-                                   CommOptions options)
+                                   CommOptions options, std::unique_ptr<ShmGroup> shm)
     : backend_(std::move(backend)),
       backend_name_(std::move(backend_name)),
       rank_(rank),
@@ -125,7 +125,8 @@ C10dCommunicator::C10dCommunicator(c10::intrusive_ptr<compat::Backend> backend,
       options_(std::move(options)),
       monitor_(std::move(monitor_store), prefix + "/sync", rank, world_size),
       logger_(options_.comms_logger, world_size),
-      native_flat_(backend_name_ == "nccl") {
+      native_flat_(backend_name_ == "nccl"),
+      shm_(std::move(shm)) {
   worker_ = std::thread([this] { run_loop(); });
 }
 
@@ -268,6 +269,10 @@ WorkHandle C10dCommunicator::all_reduce(at::Tensor tensor, ReduceOp op) {
   OpDesc d{OpKind::all_reduce, tensor.scalar_type(), tensor.numel(), -1};
   return enqueue(d, true, [this, tensor, op](int64_t seq) mutable -> Pending {
     if (world_size_ == 1 || tensor.numel() == 0) return {};
+    if (shm_ && ShmGroup::supports(tensor)) {
+      shm_->all_reduce(tensor, op);
+      return {};
+    }
     if (!native_flat_ && tensor.scalar_type() == at::kBFloat16) {
       // Gloo has no bf16 reduction: a ring all-reduce (reduce-scatter, then all-gather, in
       // place) over send/recv, which moves what Gloo's own ring would.
@@ -310,6 +315,10 @@ WorkHandle C10dCommunicator::reduce_scatter(at::Tensor output, at::Tensor input,
   return enqueue(d, true, [this, output, input, counts, op](int64_t seq) mutable -> Pending {
     auto in = input.view({-1});
     auto out = output.view({-1});
+    if (shm_ && ShmGroup::supports(in)) {
+      shm_->reduce_scatter(out, in, counts, op);
+      return {};
+    }
     if (native_flat_ && all_equal(counts)) {
       c10d::ReduceScatterOptions o;
       o.reduceOp = to_c10d(op);
@@ -358,6 +367,13 @@ WorkHandle C10dCommunicator::all_gather(at::Tensor output, at::Tensor input,
   return enqueue(d, true, [this, output, input, counts](int64_t seq) mutable -> Pending {
     auto in = input.view({-1});
     auto out = output.view({-1});
+    if (shm_ && ShmGroup::supports(in)) {
+      auto off = offsets_of(counts);
+      std::vector<at::Tensor> chunks;
+      for (int r = 0; r < world_size_; ++r) chunks.push_back(out.narrow(0, off[r], counts[r]));
+      shm_->all_gather(chunks, in);
+      return {};
+    }
     if (native_flat_ && all_equal(counts)) {
       c10d::AllgatherOptions o;
       o.timeout = options_.timeout;
@@ -393,6 +409,10 @@ WorkHandle C10dCommunicator::all_gather_into(std::vector<at::Tensor> outputs, at
               rank_, " has ", outputs[rank_].numel(), " elements, the input ", input.numel());
   OpDesc d{OpKind::all_gather, input.scalar_type(), total, -1};
   return enqueue(d, true, [this, outputs, input](int64_t seq) mutable -> Pending {
+    if (shm_ && ShmGroup::supports(input)) {
+      shm_->all_gather(outputs, input);
+      return {};
+    }
     bool equal = true;
     for (auto& o : outputs) equal = equal && o.numel() == input.numel();
     if (native_flat_ && equal) {
@@ -434,6 +454,10 @@ WorkHandle C10dCommunicator::broadcast(at::Tensor tensor, int root) {
   OpDesc d{OpKind::broadcast, tensor.scalar_type(), tensor.numel(), root};
   return enqueue(d, true, [this, tensor, root](int64_t) -> Pending {
     if (world_size_ == 1 || tensor.numel() == 0) return {};
+    if (shm_ && ShmGroup::supports(tensor)) {
+      shm_->broadcast(tensor, root);
+      return {};
+    }
     std::vector<at::Tensor> v{tensor};
     c10d::BroadcastOptions o;
     o.rootRank = root;
@@ -447,6 +471,10 @@ WorkHandle C10dCommunicator::barrier() {
   OpDesc d{OpKind::barrier, at::kFloat, 0, -1};
   return enqueue(d, true, [this](int64_t) -> Pending {
     if (world_size_ == 1) return {};
+    if (shm_) {
+      shm_->barrier();
+      return {};
+    }
     c10d::BarrierOptions o;
     o.timeout = options_.timeout;
     wait_c10d(backend_->barrier(o));

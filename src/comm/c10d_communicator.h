@@ -16,6 +16,7 @@
 
 #include "comm/comms_logger.h"
 #include "comm/op_desc.h"
+#include "comm/shm.h"
 #include "comm/sync_monitor.h"
 #include "comm/torch_compat.h"
 #include "dscpp/comm.h"
@@ -25,15 +26,17 @@ namespace dscpp::comm {
 class C10dCommunicator final : public Communicator {
  public:
   // `monitor_store` must be safe to use from another thread (see SyncMonitor); it may be `store`
-  // when that is thread-safe (HashStore). `prefix` separates this communicator's keys.
+  // when that is thread-safe (HashStore). `prefix` separates this communicator's keys. `shm`,
+  // when given, carries the collectives on CPU tensors (NOTE [shared-memory collectives]);
+  // send/recv and anything it does not support stay on the backend.
   C10dCommunicator(c10::intrusive_ptr<compat::Backend> backend, std::string backend_name,
                    c10::intrusive_ptr<c10d::Store> monitor_store, std::string prefix, int rank,
-                   int world_size, CommOptions options);
+                   int world_size, CommOptions options, std::unique_ptr<ShmGroup> shm = nullptr);
   ~C10dCommunicator() override;
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
-  std::string backend_name() const override { return backend_name_; }
+  std::string backend_name() const override { return shm_ ? backend_name_ + "+shm" : backend_name_; }
 
   using Communicator::all_gather;
   using Communicator::reduce_scatter;
@@ -83,6 +86,7 @@ class C10dCommunicator final : public Communicator {
   CommsLogger logger_;
   // NCCL has flat reduce_scatter/all_gather; Gloo (libtorch 1.13) does not: ring over send/recv.
   bool native_flat_;
+  std::unique_ptr<ShmGroup> shm_;  // null: every collective on the backend
 
   std::atomic<int64_t> seq_{0};   // collectives issued (call order)
   std::atomic<int64_t> step_{-1};

@@ -108,6 +108,9 @@ CommOptions CommOptions::from_config(const Config* config) {
     o.debug_sync = v == "1";
   }
   if (const char* b = std::getenv("DSCPP_COMM_BACKEND"); b && *b) o.backend = b;
+  if (const char* m = std::getenv("DSCPP_COMM_SHM"); m && *m) o.shm = m;
+  DSCPP_CHECK(o.shm == "auto" || o.shm == "on" || o.shm == "off", ConfigError,
+              "DSCPP_COMM_SHM='", o.shm, "' must be auto, on or off");
   return o;
 }
 

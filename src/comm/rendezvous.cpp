@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "comm/c10d_communicator.h"
+#include "comm/shm.h"
 #include "comm/torch_compat.h"
 #include "dscpp/error.h"
 #include "util/log.h"
@@ -92,6 +93,36 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& local_
   return c10d::ProcessGroupGloo::createDeviceForHostname(local_address);
 }
 
+// The shared-memory group when CommOptions::shm asks for one and the ranks share a host; null
+// otherwise. Every rank reaches the same answer (ShmGroup::create decides collectively).
+std::unique_ptr<ShmGroup> make_shm_group(c10d::Store& store, const std::string& prefix, int rank,
+                                         int world_size, const CommOptions& options) {
+  DSCPP_CHECK(options.shm == "auto" || options.shm == "on" || options.shm == "off", ConfigError,
+              "CommOptions::shm is '", options.shm, "'. HINT: use auto, on or off");
+  if (world_size == 1 || options.shm == "off") return nullptr;
+  bool one_host = false;
+  std::string why;
+  auto group = ShmGroup::create(store, prefix, rank, world_size, options.shm_slot_bytes,
+                                options.rendezvous_timeout, options.timeout, &one_host, &why);
+  if (group) {
+    DSCPP_LOG_DEBUG("collectives on CPU tensors use shared memory ({} ranks on one host, {:.1f} "
+                    "MiB segment)", world_size, group->segment_bytes() / 1048576.0);
+    return group;
+  }
+  DSCPP_CHECK(options.shm != "on", CommError, "shared-memory collectives were requested "
+              "(DSCPP_COMM_SHM=on) but cannot be used: ", why,
+              ". HINT: check that /dev/shm is mounted and has room, or set DSCPP_COMM_SHM=auto "
+              "to fall back to Gloo's TCP transport");
+  if (one_host && rank == 0) {
+    DSCPP_LOG_WARN("shared-memory collectives unavailable ({}); collectives use Gloo over TCP, "
+                   "which is slower between ranks on one host. HINT: give /dev/shm room, or set "
+                   "DSCPP_COMM_SHM=off to silence this", why);
+  } else {
+    DSCPP_LOG_DEBUG("collectives use Gloo over TCP: {}", why);
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 std::string local_address_towards(const std::string& remote) {
@@ -137,7 +168,8 @@ std::shared_ptr<Communicator> make_gloo_communicator(c10::intrusive_ptr<c10d::St
                ". HINT: set GLOO_SOCKET_IFNAME to the interface the nodes share");
   }
   return std::make_shared<C10dCommunicator>(backend, "gloo", monitor_store ? monitor_store : store,
-                                            prefix, rank, world_size, options);
+                                            prefix, rank, world_size, options,
+                                            make_shm_group(*store, prefix, rank, world_size, options));
 }
 
 std::shared_ptr<Communicator> init_from_env(const CommOptions& options) {

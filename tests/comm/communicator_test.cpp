@@ -3,6 +3,7 @@
 // arguments. Each rank's input is a known function of (rank, index), so the expected result is
 // computed independently of the ring code.
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
 #include "comm/comms_logger.h"
@@ -39,11 +40,30 @@ void expect_no_errors(const std::vector<std::exception_ptr>& errors) {
   for (size_t r = 0; r < errors.size(); ++r) EXPECT_FALSE(errors[r]) << "rank " << r << ": " << error_text(errors[r]);
 }
 
-class CommWorld : public ::testing::TestWithParam<int> {};
+// Every operation over both transports: Gloo's TCP and shared memory (with slots of 4 KiB, so
+// that most lengths take several pieces).
+class CommWorld : public ::testing::TestWithParam<std::tuple<int, bool>> {
+ protected:
+  int world() const { return std::get<0>(GetParam()); }
+  bool shm() const { return std::get<1>(GetParam()); }
+  CommOptions options() const {
+    CommOptions o;
+    o.shm = shm() ? "on" : "off";
+    o.shm_slot_bytes = 4096;
+    return o;
+  }
+  // Runs fn on every rank and checks that the transport asked for is the one in use.
+  std::vector<std::exception_ptr> run(const std::function<void(Communicator&)>& fn) const {
+    return run_thread_ranks(world(), [&](Communicator& c) {
+      EXPECT_EQ(c.backend_name(), shm() && world() > 1 ? "gloo+shm" : "gloo");
+      fn(c);
+    }, options());
+  }
+};
 
 TEST_P(CommWorld, AllReduceEveryOpAndLength) {
-  int world = GetParam();
-  expect_no_errors(run_thread_ranks(world, [&](Communicator& c) {
+  int world = this->world();
+  expect_no_errors(run([&](Communicator& c) {
     for (int64_t n : {0, 1, 7, 1001}) {
       for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min}) {
         auto t = rank_input(c.rank(), n);
@@ -71,8 +91,8 @@ TEST_P(CommWorld, AllReduceEveryOpAndLength) {
 }
 
 TEST_P(CommWorld, ReduceScatterEvenAndUneven) {
-  int world = GetParam();
-  expect_no_errors(run_thread_ranks(world, [&](Communicator& c) {
+  int world = this->world();
+  expect_no_errors(run([&](Communicator& c) {
     for (int64_t n : {0, 1, 5, 1001, 4096}) {
       auto counts = split_evenly(n, world);
       int64_t offset = 0;
@@ -122,8 +142,8 @@ TEST_P(CommWorld, ReduceScatterEvenAndUneven) {
 }
 
 TEST_P(CommWorld, AllGatherEvenAndUneven) {
-  int world = GetParam();
-  expect_no_errors(run_thread_ranks(world, [&](Communicator& c) {
+  int world = this->world();
+  expect_no_errors(run([&](Communicator& c) {
     for (int64_t n : {0, 1, 5, 1001}) {
       auto counts = split_evenly(n, world);
       std::vector<at::Tensor> parts;
@@ -161,8 +181,8 @@ TEST_P(CommWorld, AllGatherEvenAndUneven) {
 }
 
 TEST_P(CommWorld, BroadcastBarrierSendRecv) {
-  int world = GetParam();
-  expect_no_errors(run_thread_ranks(world, [&](Communicator& c) {
+  int world = this->world();
+  expect_no_errors(run([&](Communicator& c) {
     for (int root = 0; root < world; ++root) {
       auto t = rank_input(c.rank(), 17);
       c.broadcast(t, root)->wait();
@@ -184,8 +204,8 @@ TEST_P(CommWorld, BroadcastBarrierSendRecv) {
 }
 
 TEST_P(CommWorld, ManyOutstandingOpsCompleteInOrder) {
-  int world = GetParam();
-  expect_no_errors(run_thread_ranks(world, [&](Communicator& c) {
+  int world = this->world();
+  expect_no_errors(run([&](Communicator& c) {
     std::vector<at::Tensor> ts;
     std::vector<WorkHandle> ws;
     for (int i = 0; i < 20; ++i) {
@@ -202,8 +222,12 @@ TEST_P(CommWorld, ManyOutstandingOpsCompleteInOrder) {
   }));
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, CommWorld, ::testing::Values(1, 2, 3, 4),
-                         [](const auto& info) { return "world" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(WorldSizes, CommWorld,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Bool()),
+                         [](const auto& info) {
+                           return "world" + std::to_string(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) ? "_shm" : "_gloo");
+                         });
 
 TEST(CommArgs, BadArgumentsAreClearErrors) {
   expect_no_errors(run_thread_ranks(2, [&](Communicator& c) {
@@ -225,6 +249,84 @@ TEST(CommArgs, BadArgumentsAreClearErrors) {
     EXPECT_THROW(c.all_reduce(at::zeros({4}, at::kLong), ReduceOp::avg), CommError);
     c.barrier()->wait();
   }));
+}
+
+// Shared memory: every rank gets the same bits (each element is reduced once, by one rank, in
+// rank order), over many pieces of the default slot; mixed precision sums in fp32.
+TEST(ShmCollectives, EveryRankGetsTheSameBits) {
+  const int world = 3;
+  const int64_t n = (int64_t{3} << 20) + 5;  // three 4 MiB slots' worth of fp32, and a tail
+  std::vector<at::Tensor> results(world), bf16(world);
+  CommOptions o;
+  o.shm = "on";
+  expect_no_errors(run_thread_ranks(world, [&](Communicator& c) {
+    ASSERT_EQ(c.backend_name(), "gloo+shm");
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + c.rank());
+    auto t = at::randn({n}, gen);
+    auto want = t.to(at::kDouble);
+    c.all_reduce(t)->wait();
+    results[c.rank()] = t;
+    // bf16 values whose fp32 sum is exact but whose bf16 partial sums would round.
+    auto b = at::full({5000}, c.rank() == 0 ? 256.0f : 1.0f).to(at::kBFloat16);
+    c.all_reduce(b)->wait();
+    bf16[c.rank()] = b;
+  }, o));
+  for (int r = 1; r < world; ++r) {
+    EXPECT_TRUE(at::equal(results[r], results[0])) << "rank " << r << " differs from rank 0";
+  }
+  at::Tensor want = at::zeros({n}, at::kDouble);
+  for (int r = 0; r < world; ++r) {
+    want += at::randn({n}, at::make_generator<at::CPUGeneratorImpl>(100 + r)).to(at::kDouble);
+  }
+  EXPECT_TRUE(at::allclose(results[0].to(at::kDouble), want, 1e-5, 1e-5));
+  // 256 + 1 + 1 = 258 is a bf16 value; summing in bf16 would give 256 + 1 = 256 (rounded), + 1
+  // = 256 again.
+  EXPECT_EQ(bf16[0][0].item<float>(), 258.0f);
+}
+
+// Ranks that enter different collectives fail at the first barrier, naming both sides, without
+// debug_sync and without waiting for the timeout.
+TEST(ShmCollectives, MismatchedSizesFailAtOnceNamingBothSides) {
+  const int world = 3;
+  CommOptions o;
+  o.shm = "on";
+  o.timeout = std::chrono::seconds(60);
+  auto start = std::chrono::steady_clock::now();
+  auto errors = run_thread_ranks(world, [&](Communicator& c) {
+    auto ok = at::ones({8});
+    c.all_reduce(ok)->wait();
+    auto t = at::ones({c.rank() == 2 ? 999 : 1000});
+    c.all_reduce(t)->wait();
+  }, o);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10.0);
+  for (int r = 0; r < world; ++r) {
+    ASSERT_TRUE(errors[r]) << "rank " << r;
+    std::string s = error_text(errors[r]);
+    EXPECT_NE(s.find("rank 0 entered all_reduce(float32, 1000 elements) but rank 2 entered "
+                     "all_reduce(float32, 999 elements)"), std::string::npos) << s;
+  }
+}
+
+// A segment that cannot be made: an error on every rank with "on", Gloo (and correct results)
+// with "auto".
+TEST(ShmCollectives, UnavailableSegmentIsAnErrorWhenAskedForAndGlooOtherwise) {
+  CommOptions o;
+  o.shm_slot_bytes = int64_t{1} << 50;  // no tmpfs has room for this
+  o.shm = "on";
+  auto errors = run_thread_ranks(2, [&](Communicator&) {}, o);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(errors[r]) << "rank " << r;
+    std::string s = error_text(errors[r]);
+    EXPECT_NE(s.find("shared-memory collectives were requested"), std::string::npos) << s;
+    EXPECT_NE(s.find("rank 0 could not"), std::string::npos) << s;
+  }
+  o.shm = "auto";
+  expect_no_errors(run_thread_ranks(2, [&](Communicator& c) {
+    EXPECT_EQ(c.backend_name(), "gloo");
+    auto t = at::full({10}, 1.0f + c.rank());
+    c.all_reduce(t)->wait();
+    EXPECT_EQ(t[9].item<float>(), 3.0f);
+  }, o));
 }
 
 }  // namespace

@@ -55,11 +55,14 @@ TEST(SyncReport, RecordRoundTrips) {
 }
 
 // Rank 1 of 4 skips the 2nd of three all_reduces; the others must fail within timeout + 10 s
-// with the report naming rank 1.
-TEST(SyncTimeout, SkippedAllReduceIsReportedByEverySurvivor) {
+// with the report naming rank 1, over Gloo's TCP and over shared memory alike.
+class SyncTimeout : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(SyncTimeout, SkippedAllReduceIsReportedByEverySurvivor) {
   const int world = 4;
   CommOptions opts;
   opts.timeout = std::chrono::seconds(2);
+  opts.shm = GetParam();
   std::atomic<int> finished{0};
   std::vector<double> seconds_to_fail(world, -1);
   Fault fault{Fault::Kind::skip, /*rank=*/1, /*nth=*/2};
@@ -99,6 +102,9 @@ TEST(SyncTimeout, SkippedAllReduceIsReportedByEverySurvivor) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, SyncTimeout, ::testing::Values("off", "on"),
+                         [](const auto& info) { return std::string(info.param) == "on" ? "shm" : "gloo"; });
 
 // With debug_sync, rank 2 entering an all_reduce of a different size fails at once on every
 // rank with both sides named, instead of hanging or producing wrong numbers.

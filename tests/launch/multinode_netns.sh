@@ -165,9 +165,11 @@ echo "ok 3: main launcher killed; agents stopped their ranks"
 
 # --- 4. dscpp check across the two hosts: hosts answer, the master port opens on the first
 # host and is reached from both, and the real communicator (Gloo over the veth pair) runs
-# all_reduce / reduce_scatter / all_gather / barrier across the 4 ranks.
+# all_reduce / reduce_scatter / all_gather / barrier across the 4 ranks. The namespaces share
+# one kernel and /dev/shm, so the ranks would rightly use shared memory; DSCPP_COMM_SHM=off
+# (forwarded to the hosts like every DSCPP_ variable) keeps the collectives on the veth pair.
 kill "$LISTENER" 2>/dev/null; wait "$LISTENER" 2>/dev/null; LISTENER=""
-timeout 90 "$DSCPP" check --hostfile "$HOSTFILE" --remote_cmd 'ip netns exec {host} {command}' \
+DSCPP_COMM_SHM=off timeout 90 "$DSCPP" check --hostfile "$HOSTFILE" --remote_cmd 'ip netns exec {host} {command}' \
   --master_addr "$MASTER" --master_port $((PORT + 1)) --sizes_kib 64 --iters 3 \
   >"$WORK/4.out" 2>"$WORK/4.err"
 rc=$?
