@@ -120,10 +120,14 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   auto q = qkv[0].view({b, t, n_head_, hs}).transpose(1, 2);  // [B, nh, T, hs]
   auto k = qkv[1].view({b, t, n_head_, hs}).transpose(1, 2);  // [B, nh, T, hs]
   auto v = qkv[2].view({b, t, n_head_, hs}).transpose(1, 2);  // [B, nh, T, hs]
-  auto att = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hs)));
+  // Scale and mask in place: the matmul's backward needs q and k, not its output, and a
+  // scalar multiply's backward needs nothing, so autograd allows it; the same arithmetic as
+  // PyTorch's `att * scale` and `masked_fill`, without two [B, nh, T, T] copies.
+  auto att = at::matmul(q, k.transpose(-2, -1));
+  att.mul_(1.0 / std::sqrt(static_cast<double>(hs)));
   // [T, T] bool, true above the diagonal: position i may not attend to j > i.
   auto future = at::ones({t, t}, x.options().dtype(at::kBool)).triu(1);
-  att = att.masked_fill(future, -std::numeric_limits<double>::infinity());
+  att.masked_fill_(future, -std::numeric_limits<double>::infinity());
   att = at::softmax(att, -1);                          // [B, nh, T, T]
   auto y = at::matmul(att, v);                         // [B, nh, T, hs]
   y = y.transpose(1, 2).contiguous().view({b, t, c});  // [B, T, C]
