@@ -268,11 +268,13 @@ WorkHandle C10dCommunicator::all_reduce(at::Tensor tensor, ReduceOp op) {
               "all_reduce avg needs a floating-point tensor, got ", tensor.scalar_type());
   OpDesc d{OpKind::all_reduce, tensor.scalar_type(), tensor.numel(), -1};
   return enqueue(d, true, [this, tensor, op](int64_t seq) mutable -> Pending {
-    if (world_size_ == 1 || tensor.numel() == 0) return {};
+    // Shared memory meets the others even for an empty tensor, so sizes that differ across
+    // ranks are caught (NOTE [shared-memory collectives]).
     if (shm_ && ShmGroup::supports(tensor)) {
-      shm_->all_reduce(tensor, op);
+      shm_->all_reduce(tensor, op, seq);
       return {};
     }
+    if (world_size_ == 1 || tensor.numel() == 0) return {};
     if (!native_flat_ && tensor.scalar_type() == at::kBFloat16) {
       // Gloo has no bf16 reduction: a ring all-reduce (reduce-scatter, then all-gather, in
       // place) over send/recv, which moves what Gloo's own ring would.
@@ -311,12 +313,14 @@ WorkHandle C10dCommunicator::reduce_scatter(at::Tensor output, at::Tensor input,
   DSCPP_CHECK(output.scalar_type() == input.scalar_type(), CommError,
               "reduce_scatter: output dtype ", output.scalar_type(), " != input dtype ",
               input.scalar_type());
+  DSCPP_CHECK(op != ReduceOp::avg || at::isFloatingType(input.scalar_type()), CommError,
+              "reduce_scatter avg needs a floating-point tensor, got ", input.scalar_type());
   OpDesc d{OpKind::reduce_scatter, input.scalar_type(), input.numel(), -1};
   return enqueue(d, true, [this, output, input, counts, op](int64_t seq) mutable -> Pending {
     auto in = input.view({-1});
     auto out = output.view({-1});
     if (shm_ && ShmGroup::supports(in)) {
-      shm_->reduce_scatter(out, in, counts, op);
+      shm_->reduce_scatter(out, in, counts, op, seq);
       return {};
     }
     if (native_flat_ && all_equal(counts)) {
@@ -371,7 +375,7 @@ WorkHandle C10dCommunicator::all_gather(at::Tensor output, at::Tensor input,
       auto off = offsets_of(counts);
       std::vector<at::Tensor> chunks;
       for (int r = 0; r < world_size_; ++r) chunks.push_back(out.narrow(0, off[r], counts[r]));
-      shm_->all_gather(chunks, in);
+      shm_->all_gather(chunks, in, seq);
       return {};
     }
     if (native_flat_ && all_equal(counts)) {
@@ -410,7 +414,7 @@ WorkHandle C10dCommunicator::all_gather_into(std::vector<at::Tensor> outputs, at
   OpDesc d{OpKind::all_gather, input.scalar_type(), total, -1};
   return enqueue(d, true, [this, outputs, input](int64_t seq) mutable -> Pending {
     if (shm_ && ShmGroup::supports(input)) {
-      shm_->all_gather(outputs, input);
+      shm_->all_gather(outputs, input, seq);
       return {};
     }
     bool equal = true;
@@ -452,12 +456,12 @@ WorkHandle C10dCommunicator::broadcast(at::Tensor tensor, int root) {
   DSCPP_CHECK(root >= 0 && root < world_size_, CommError, "broadcast root ", root,
               " is not a rank (world size ", world_size_, ")");
   OpDesc d{OpKind::broadcast, tensor.scalar_type(), tensor.numel(), root};
-  return enqueue(d, true, [this, tensor, root](int64_t) -> Pending {
-    if (world_size_ == 1 || tensor.numel() == 0) return {};
+  return enqueue(d, true, [this, tensor, root](int64_t seq) -> Pending {
     if (shm_ && ShmGroup::supports(tensor)) {
-      shm_->broadcast(tensor, root);
+      shm_->broadcast(tensor, root, seq);
       return {};
     }
+    if (world_size_ == 1 || tensor.numel() == 0) return {};
     std::vector<at::Tensor> v{tensor};
     c10d::BroadcastOptions o;
     o.rootRank = root;
@@ -469,10 +473,10 @@ WorkHandle C10dCommunicator::broadcast(at::Tensor tensor, int root) {
 
 WorkHandle C10dCommunicator::barrier() {
   OpDesc d{OpKind::barrier, at::kFloat, 0, -1};
-  return enqueue(d, true, [this](int64_t) -> Pending {
+  return enqueue(d, true, [this](int64_t seq) -> Pending {
     if (world_size_ == 1) return {};
     if (shm_) {
-      shm_->barrier();
+      shm_->barrier(seq);
       return {};
     }
     c10d::BarrierOptions o;

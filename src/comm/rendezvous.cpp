@@ -99,26 +99,32 @@ std::unique_ptr<ShmGroup> make_shm_group(c10d::Store& store, const std::string& 
                                          int world_size, const CommOptions& options) {
   DSCPP_CHECK(options.shm == "auto" || options.shm == "on" || options.shm == "off", ConfigError,
               "CommOptions::shm is '", options.shm, "'. HINT: use auto, on or off");
-  if (world_size == 1 || options.shm == "off") return nullptr;
-  bool one_host = false;
-  std::string why;
-  auto group = ShmGroup::create(store, prefix, rank, world_size, options.shm_slot_bytes,
-                                options.rendezvous_timeout, options.timeout, &one_host, &why);
+  DSCPP_CHECK(options.shm_slot_bytes > 0 && options.shm_slot_bytes <= (int64_t{1} << 40),
+              ConfigError, "CommOptions::shm_slot_bytes is ", options.shm_slot_bytes,
+              "; it must be between 1 byte and 1 TiB");
+  if (world_size == 1) return nullptr;
+  ShmGroup::Setup setup;
+  auto group = ShmGroup::create(store, prefix, rank, world_size, options.shm == "off",
+                                options.shm_slot_bytes, options.rendezvous_timeout,
+                                options.timeout, &setup);
   if (group) {
     DSCPP_LOG_DEBUG("collectives on CPU tensors use shared memory ({} ranks on one host, {:.1f} "
                     "MiB segment)", world_size, group->segment_bytes() / 1048576.0);
     return group;
   }
-  DSCPP_CHECK(options.shm != "on", CommError, "shared-memory collectives were requested "
-              "(DSCPP_COMM_SHM=on) but cannot be used: ", why,
-              ". HINT: check that /dev/shm is mounted and has room, or set DSCPP_COMM_SHM=auto "
-              "to fall back to Gloo's TCP transport");
-  if (one_host && rank == 0) {
+  DSCPP_CHECK(options.shm != "on" || setup.result == ShmGroup::Setup::kOff, CommError,
+              "shared-memory collectives were requested (DSCPP_COMM_SHM=on) but cannot be used: ",
+              setup.why, ". HINT: ",
+              setup.result == ShmGroup::Setup::kSeveralHosts
+                  ? "shared memory needs every rank on one host; use DSCPP_COMM_SHM=auto"
+                  : "check that /dev/shm is mounted and has room, or set DSCPP_COMM_SHM=auto to "
+                    "fall back to Gloo's TCP transport");
+  if (setup.result == ShmGroup::Setup::kFailed && rank == 0) {
     DSCPP_LOG_WARN("shared-memory collectives unavailable ({}); collectives use Gloo over TCP, "
                    "which is slower between ranks on one host. HINT: give /dev/shm room, or set "
-                   "DSCPP_COMM_SHM=off to silence this", why);
+                   "DSCPP_COMM_SHM=off to silence this", setup.why);
   } else {
-    DSCPP_LOG_DEBUG("collectives use Gloo over TCP: {}", why);
+    DSCPP_LOG_DEBUG("collectives use Gloo over TCP: {}", setup.why);
   }
   return nullptr;
 }
@@ -179,6 +185,10 @@ std::shared_ptr<Communicator> init_from_env(const CommOptions& options) {
   if (backend == "auto") backend = at::hasCUDA() ? "nccl" : "gloo";
   DSCPP_CHECK(backend == "gloo" || backend == "nccl", ConfigError, "unknown comm backend '",
               backend, "'. HINT: use gloo, nccl or auto");
+  DSCPP_CHECK(backend == "gloo" || options.shm != "on", ConfigError,
+              "DSCPP_COMM_SHM=on asks for shared-memory collectives, which the gloo backend "
+              "provides, but the backend is nccl. HINT: set DSCPP_COMM_SHM=auto, or "
+              "DSCPP_COMM_BACKEND=gloo for CPU tensors");
 #if !defined(DSCPP_HAVE_NCCL)
   DSCPP_CHECK(backend != "nccl", CommError,
               "the nccl backend was requested (CUDA is available or DSCPP_COMM_BACKEND=nccl) but "

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <climits>
 #include <cstring>
 #include <fstream>
@@ -40,26 +41,41 @@ struct Header {
 
 // What a rank entered: compared across ranks at each collective's first barrier.
 struct Stamp {
-  int32_t kind;
-  int32_t dtype;
+  int64_t seq;    // the communicator's sequence number
+  int32_t kind;   // OpKind
+  int32_t dtype;  // c10::ScalarType
+  int32_t op;     // ReduceOp, -1 when there is none
+  int32_t unused;
   int64_t numel;
-  int64_t root;
+  int64_t extra;  // broadcast: root; reduce_scatter, all_gather: a hash of the per-rank counts
 };
 
-// One cache line per rank: its barrier generation and the stamps of its last two collectives
-// (collective c uses stamp c % 2, for the same reason pieces alternate sets).
-struct RankArea {
+// Per rank: the barrier generation on a cache line of its own (others poll it), who the rank
+// is (to notice that it exited), and the stamps of its last two collectives (collective c uses
+// stamp c % 2, for the same reason pieces alternate sets).
+struct alignas(64) RankArea {
   std::atomic<uint32_t> generation;
-  uint32_t unused;
-  Stamp stamp[2];
+  int32_t pid;
+  uint64_t pid_namespace;
+  alignas(64) Stamp stamp[2];
 };
-static_assert(sizeof(RankArea) <= 64, "a rank's area must fit its cache line");
 
 int64_t round_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 int64_t flags_offset() { return round_up(sizeof(Header), kAlign); }
-int64_t data_offset(int world) { return flags_offset() + kAlign * world; }
+int64_t data_offset(int world) { return flags_offset() + static_cast<int64_t>(sizeof(RankArea)) * world; }
 int64_t segment_size(int world, int64_t slot_bytes) {
   return data_offset(world) + 2 * world * slot_bytes;
+}
+
+int64_t counts_hash(const std::vector<int64_t>& counts) {
+  uint64_t h = 1469598103934665603ULL;  // FNV-1a over the counts
+  for (int64_t c : counts) h = (h ^ static_cast<uint64_t>(c)) * 1099511628211ULL;
+  return static_cast<int64_t>(h);
+}
+
+uint64_t pid_namespace() {
+  struct stat st {};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
 }
 
 // Host name and kernel boot id: ranks with the same pair share a kernel and can share memory
@@ -144,83 +160,130 @@ void* map_segment(const std::string& name, bool create, int64_t bytes, std::stri
 }  // namespace
 
 std::unique_ptr<ShmGroup> ShmGroup::create(c10d::Store& store, const std::string& prefix, int rank,
-                                           int world_size, int64_t slot_bytes,
+                                           int world_size, bool off, int64_t slot_bytes,
                                            std::chrono::milliseconds setup_timeout,
-                                           std::chrono::milliseconds timeout, bool* one_host,
-                                           std::string* why) {
+                                           std::chrono::milliseconds timeout, Setup* setup) {
   DSCPP_CHECK(world_size >= 2, CommError, "a shared-memory group needs at least 2 ranks");
   slot_bytes = round_up(std::max(slot_bytes, kAlign * world_size), kAlign);
+  const int64_t bytes = segment_size(world_size, slot_bytes);
   const std::string key = prefix + "/shm/";
   auto wait_all = [&](const std::string& what) {
     std::vector<std::string> keys;
     for (int r = 0; r < world_size; ++r) keys.push_back(key + what + std::to_string(r));
-    store.wait(keys, setup_timeout);
+    try {
+      store.wait(keys, setup_timeout);
+    } catch (const std::exception& e) {
+      std::string missing;
+      for (auto& k : keys) {
+        if (!store.check({k})) missing += (missing.empty() ? "" : ",") + k.substr(k.rfind('/') + 1);
+      }
+      DSCPP_FAIL(CommError, "setting up shared-memory collectives: ranks ", missing,
+                 " did not answer within ", setup_timeout.count() / 1000.0, " s (",
+                 std::string(e.what()).substr(0, std::string(e.what()).find('\n')),
+                 "). HINT: a rank failed during start-up (look at its output); "
+                 "DSCPP_COMM_SHM=off skips this step");
+    }
     std::vector<std::string> values;
     for (auto& k : keys) values.push_back(store_get(store, k));
     return values;
   };
 
-  // 1. One host? Every rank compares every identity with rank 0's, so all decide alike.
-  store_set(store, key + "host/" + std::to_string(rank), host_identity());
+  // 1. Every rank says whether it wants shared memory and where it runs; all decide alike.
+  store_set(store, key + "host/" + std::to_string(rank), (off ? "off " : "on ") + host_identity());
   auto hosts = wait_all("host/");
-  *one_host = false;
-  for (int r = 1; r < world_size; ++r) {
-    if (hosts[r] != hosts[0]) {
-      *why = fmt::format("the ranks are on more than one host (rank 0 on '{}', rank {} on '{}')",
-                         hosts[0].substr(0, hosts[0].find(' ')), r,
-                         hosts[r].substr(0, hosts[r].find(' ')));
+  for (int r = 0; r < world_size; ++r) {
+    if (hosts[r].rfind("off ", 0) == 0) {
+      *setup = {Setup::kOff, fmt::format("DSCPP_COMM_SHM=off on rank {}", r)};
       return nullptr;
     }
   }
-  *one_host = true;
+  for (int r = 1; r < world_size; ++r) {
+    if (hosts[r] != hosts[0]) {
+      auto host = [](const std::string& h) { return h.substr(3, h.find(' ', 3) - 3); };
+      *setup = {Setup::kSeveralHosts,
+                fmt::format("the ranks are on more than one host (rank 0 on '{}', rank {} on '{}')",
+                            host(hosts[0]), r, host(hosts[r]))};
+      return nullptr;
+    }
+  }
 
   // 2. Rank 0 creates and publishes the name ("!" + reason when it could not); the rest map it.
-  const int64_t bytes = segment_size(world_size, slot_bytes);
+  // Until step 3 has succeeded, leaving this scope (an error, or a store timeout) unmaps and,
+  // on rank 0, unlinks: nothing stays in /dev/shm.
+  struct Segment {
+    void* base = nullptr;
+    int64_t bytes = 0;
+    std::string unlink;  // rank 0: the name to unlink
+    ~Segment() {
+      if (!unlink.empty()) ::shm_unlink(unlink.c_str());
+      if (base) ::munmap(base, bytes);
+    }
+  } seg;
+  seg.bytes = bytes;
   std::string error;
-  void* base = nullptr;
-  std::string name;
   if (rank == 0) {
-    static std::atomic<uint64_t> serial{0};
-    name = fmt::format("/dscpp-{}-{}-{:x}", ::getpid(), serial++, std::random_device{}());
-    base = map_segment(name, true, bytes, &error);
-    if (base) {
-      auto* h = static_cast<Header*>(base);
+    std::string name;
+    try {
+      static std::atomic<uint64_t> serial{0};
+      name = fmt::format("/dscpp-{}-{}-{:x}", ::getpid(), serial++, std::random_device{}());
+      seg.base = map_segment(name, true, bytes, &error);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    if (seg.base) {
+      seg.unlink = name;
+      auto* h = static_cast<Header*>(seg.base);
       h->magic = kMagic;
       h->world_size = world_size;
       h->slot_bytes = slot_bytes;
       for (int r = 0; r < world_size; ++r) {
-        new (static_cast<char*>(base) + flags_offset() + kAlign * r) RankArea{};
+        new (static_cast<char*>(seg.base) + flags_offset() + sizeof(RankArea) * r) RankArea{};
       }
     }
-    store_set(store, key + "name", base ? name : "!" + error);
+    store_set(store, key + "name", seg.base ? name : "!" + error);
   } else {
-    store.wait({key + "name"}, setup_timeout);
-    name = store_get(store, key + "name");
+    std::string name;
+    try {
+      store.wait({key + "name"}, setup_timeout);
+      name = store_get(store, key + "name");
+    } catch (const std::exception&) {
+      DSCPP_FAIL(CommError, "setting up shared-memory collectives: rank 0 did not publish the "
+                 "segment within ", setup_timeout.count() / 1000.0, " s. HINT: look at rank 0's "
+                 "output; DSCPP_COMM_SHM=off skips this step");
+    }
     if (name.rfind('!', 0) == 0) {
       error = "rank 0 could not create it: " + name.substr(1);
     } else {
-      base = map_segment(name, false, bytes, &error);
-      auto* h = static_cast<Header*>(base);
-      if (base && (h->magic != kMagic || h->world_size != world_size || h->slot_bytes != slot_bytes)) {
+      seg.base = map_segment(name, false, bytes, &error);
+      auto* h = static_cast<Header*>(seg.base);
+      if (seg.base && (h->magic != kMagic || h->world_size != world_size || h->slot_bytes != slot_bytes)) {
         error = "segment " + name + " does not hold this job's header";
       }
     }
+  }
+  if (seg.base && error.empty()) {
+    auto* area = reinterpret_cast<RankArea*>(static_cast<char*>(seg.base) + flags_offset() +
+                                             sizeof(RankArea) * rank);
+    area->pid = static_cast<int32_t>(::getpid());
+    area->pid_namespace = pid_namespace();
   }
 
   // 3. Everyone reports; rank 0 unlinks once all have answered (mapped or not).
   store_set(store, key + "ok/" + std::to_string(rank), error.empty() ? "1" : "0" + error);
   auto answers = wait_all("ok/");
-  if (rank == 0 && base) ::shm_unlink(name.c_str());
+  if (!seg.unlink.empty()) ::shm_unlink(seg.unlink.c_str());
+  seg.unlink.clear();
   for (int r = 0; r < world_size; ++r) {
     if (answers[r] != "1") {
-      *why = fmt::format("rank {} could not map the shared-memory segment: {}", r,
-                         answers[r].substr(1));
-      if (base && base != MAP_FAILED) ::munmap(base, bytes);
+      *setup = {Setup::kFailed, fmt::format("rank {} could not map the shared-memory segment: {}",
+                                            r, answers[r].substr(1))};
       return nullptr;
     }
   }
-  return std::unique_ptr<ShmGroup>(
-      new ShmGroup(base, bytes, rank, world_size, slot_bytes, timeout));
+  *setup = {Setup::kReady, ""};
+  void* base = seg.base;
+  seg.base = nullptr;
+  return std::unique_ptr<ShmGroup>(new ShmGroup(base, bytes, rank, world_size, slot_bytes, timeout));
 }
 
 ShmGroup::ShmGroup(void* base, int64_t bytes, int rank, int world_size, int64_t slot_bytes,
@@ -245,46 +308,52 @@ bool ShmGroup::supports(const at::Tensor& t) {
   }
 }
 
-std::atomic<uint32_t>& ShmGroup::flag(int r) const {
-  return reinterpret_cast<RankArea*>(static_cast<char*>(base_) + flags_offset() + kAlign * r)
-      ->generation;
+namespace {
+RankArea& area_of(void* base, int r) {
+  return *reinterpret_cast<RankArea*>(static_cast<char*>(base) + flags_offset() +
+                                      sizeof(RankArea) * r);
 }
+}  // namespace
 
-void ShmGroup::begin(OpDesc desc) {
+std::atomic<uint32_t>& ShmGroup::flag(int r) const { return area_of(base_, r).generation; }
+
+void ShmGroup::begin(OpDesc desc, int64_t seq, int op, int64_t extra) {
   deadline_ = std::chrono::steady_clock::now() + timeout_;
   stamp_ ^= 1;
   stamp_checked_ = false;
-  auto* area = reinterpret_cast<RankArea*>(static_cast<char*>(base_) + flags_offset() + kAlign * rank_);
-  area->stamp[stamp_] = Stamp{static_cast<int32_t>(desc.kind), static_cast<int32_t>(desc.dtype),
-                              desc.numel, desc.peer};
+  area_of(base_, rank_).stamp[stamp_] =
+      Stamp{seq, static_cast<int32_t>(desc.kind), static_cast<int32_t>(desc.dtype), op, 0,
+            desc.numel, extra};
 }
 
 void ShmGroup::check_stamps() {
   // Published by each rank's release store of its generation, seen through the acquire loads.
-  auto stamp_of = [&](int r) {
-    return reinterpret_cast<const RankArea*>(static_cast<char*>(base_) + flags_offset() +
-                                             kAlign * r)->stamp[stamp_];
-  };
   auto describe = [](const Stamp& s) {
-    OpDesc d;
-    d.kind = static_cast<OpKind>(s.kind);
-    d.dtype = static_cast<c10::ScalarType>(s.dtype);
-    d.numel = s.numel;
-    d.peer = s.root;
-    return d.to_string();
+    OpDesc d{static_cast<OpKind>(s.kind), static_cast<c10::ScalarType>(s.dtype), s.numel,
+             s.kind == static_cast<int32_t>(OpKind::broadcast) ? s.extra : -1};
+    std::string text = fmt::format("#{} {}", s.seq, d.to_string());
+    if (s.op >= 0) text += fmt::format(" op {}", reduce_op_name(static_cast<ReduceOp>(s.op)));
+    if (s.kind == static_cast<int32_t>(OpKind::reduce_scatter) ||
+        s.kind == static_cast<int32_t>(OpKind::all_gather)) {
+      text += fmt::format(" counts {:016x}", static_cast<uint64_t>(s.extra));
+    }
+    return text;
   };
-  const Stamp first = stamp_of(0);
+  const Stamp first = area_of(base_, 0).stamp[stamp_];
   std::string diffs;
   for (int r = 1; r < world_; ++r) {
-    Stamp s = stamp_of(r);
-    if (s.kind != first.kind || s.dtype != first.dtype || s.numel != first.numel || s.root != first.root) {
-      diffs += fmt::format("  rank 0 entered {} but rank {} entered {}\n", describe(first), r, describe(s));
+    const Stamp s = area_of(base_, r).stamp[stamp_];
+    if (s.seq != first.seq || s.kind != first.kind || s.dtype != first.dtype || s.op != first.op ||
+        s.numel != first.numel || s.extra != first.extra) {
+      diffs += fmt::format("  rank 0 entered {} but rank {} entered {}\n", describe(first), r,
+                           describe(s));
     }
   }
   stamp_checked_ = true;
   DSCPP_CHECK(diffs.empty(), CollectiveMismatch, "collective mismatch in shared memory, seen on "
-              "rank ", rank_, ":\n", diffs, "HINT: every rank must issue the same collectives with "
-              "the same dtype and size, in the same order");
+              "rank ", rank_, ":\n", diffs, "HINT: every rank must issue the same collectives, "
+              "with the same dtype, size, reduce op and counts, in the same order (#N is the "
+              "collective's sequence number: ranks at different numbers skipped or added one)");
 }
 
 void ShmGroup::end() {
@@ -323,8 +392,19 @@ void ShmGroup::wait_for(int r, uint32_t generation) const {
     DSCPP_CHECK(std::chrono::steady_clock::now() < deadline_, CommTimeout, "rank ", r,
                 " did not reach the shared-memory barrier within ", timeout_.count() / 1000.0,
                 " s (rank ", rank_, " was waiting for it)");
+    check_alive(r);
     futex_wait(&f, v, std::chrono::milliseconds(10));
   }
+}
+
+void ShmGroup::check_alive(int r) const {
+  // Only a process of this PID namespace can be looked up by its pid (ranks that are threads of
+  // one process share it and are alive by definition).
+  const RankArea& peer = area_of(base_, r);
+  if (peer.pid == ::getpid() || peer.pid_namespace != area_of(base_, rank_).pid_namespace) return;
+  if (::kill(peer.pid, 0) == 0 || errno != ESRCH) return;
+  DSCPP_FAIL(CommError, "rank ", r, " (pid ", peer.pid, ") exited while rank ", rank_,
+             " waited for it in a shared-memory collective. HINT: its output says why");
 }
 
 void ShmGroup::reduce(const at::Tensor& out, const std::vector<at::Tensor>& ins, ReduceOp op) {
@@ -359,8 +439,8 @@ void ShmGroup::reduce(const at::Tensor& out, const std::vector<at::Tensor>& ins,
   out.copy_(acc);
 }
 
-void ShmGroup::all_reduce(const at::Tensor& tensor, ReduceOp op) {
-  begin({OpKind::all_reduce, tensor.scalar_type(), tensor.numel(), -1});
+void ShmGroup::all_reduce(const at::Tensor& tensor, ReduceOp op, int64_t seq) {
+  begin({OpKind::all_reduce, tensor.scalar_type(), tensor.numel(), -1}, seq, static_cast<int>(op), 0);
   const auto dtype = tensor.scalar_type();
   const int64_t per = slot_elements(dtype);
   at::Tensor flat = tensor.view({-1});
@@ -385,8 +465,9 @@ void ShmGroup::all_reduce(const at::Tensor& tensor, ReduceOp op) {
 }
 
 void ShmGroup::reduce_scatter(const at::Tensor& output, const at::Tensor& input,
-                              const std::vector<int64_t>& counts, ReduceOp op) {
-  begin({OpKind::reduce_scatter, input.scalar_type(), input.numel(), -1});
+                              const std::vector<int64_t>& counts, ReduceOp op, int64_t seq) {
+  begin({OpKind::reduce_scatter, input.scalar_type(), input.numel(), -1}, seq,
+        static_cast<int>(op), counts_hash(counts));
   const auto dtype = input.scalar_type();
   // A slot holds one segment of q elements of every rank's chunk.
   const int64_t q = slot_elements(dtype) / world_;
@@ -416,15 +497,18 @@ void ShmGroup::reduce_scatter(const at::Tensor& output, const at::Tensor& input,
   end();
 }
 
-void ShmGroup::all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input) {
+void ShmGroup::all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                          int64_t seq) {
   const auto dtype = input.scalar_type();
   const int64_t per = slot_elements(dtype);
   int64_t longest = 0, total = 0;
+  std::vector<int64_t> counts;
   for (auto& o : outputs) {
     longest = std::max(longest, o.numel());
     total += o.numel();
+    counts.push_back(o.numel());
   }
-  begin({OpKind::all_gather, dtype, total, -1});
+  begin({OpKind::all_gather, dtype, total, -1}, seq, -1, counts_hash(counts));
   at::Tensor in = input.view({-1});
   if (in.numel() > 0 && outputs[rank_].data_ptr() != in.data_ptr()) {
     outputs[rank_].view({-1}).copy_(in);
@@ -443,8 +527,8 @@ void ShmGroup::all_gather(const std::vector<at::Tensor>& outputs, const at::Tens
   end();
 }
 
-void ShmGroup::broadcast(const at::Tensor& tensor, int root) {
-  begin({OpKind::broadcast, tensor.scalar_type(), tensor.numel(), root});
+void ShmGroup::broadcast(const at::Tensor& tensor, int root, int64_t seq) {
+  begin({OpKind::broadcast, tensor.scalar_type(), tensor.numel(), root}, seq, -1, root);
   const auto dtype = tensor.scalar_type();
   const int64_t per = slot_elements(dtype);
   at::Tensor flat = tensor.view({-1});
@@ -456,8 +540,8 @@ void ShmGroup::broadcast(const at::Tensor& tensor, int root) {
   end();
 }
 
-void ShmGroup::barrier() {
-  begin({OpKind::barrier, at::kFloat, 0, -1});
+void ShmGroup::barrier(int64_t seq) {
+  begin({OpKind::barrier, at::kFloat, 0, -1}, seq, -1, 0);
   end();
 }
 

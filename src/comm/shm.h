@@ -26,14 +26,17 @@
 // (piece p). Every rank finishes reading piece p before it arrives at piece p + 1's first
 // barrier, and a rank writes piece p + 2 only after passing that barrier.
 //
-// Each rank stamps what it entered (operation, dtype, element count, root) next to its counter;
+// Each rank stamps what it entered (sequence number, operation, dtype, element count, reduce op,
+// root or counts) next to its counter;
 // the first barrier of every collective compares the stamps, so ranks that disagree fail at once
 // with both sides named instead of reading each other's slots wrongly (a collective with nothing
 // to move still meets the others once for this check).
 // The barrier is a per-rank generation counter: arriving stores the next generation and wakes
 // waiters (a futex on the shared word); waiting spins ~20 us, then sleeps on the futex in 10 ms
-// slices until the deadline. Rank 0 unlinks the segment as soon as every rank has mapped it, so
-// nothing is left in /dev/shm however the job ends.
+// slices until the deadline, checking at each slice that the awaited rank's process still exists
+// (a crashed rank is reported at once, not after the timeout). Rank 0 unlinks the segment as
+// soon as every rank has mapped it, and on any setup error; only rank 0 being killed while the
+// others map the segment at start-up can leave one in /dev/shm (named /dscpp-<pid>-...).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -54,17 +57,21 @@ namespace dscpp::comm {
 
 class ShmGroup {
  public:
-  // Collective over `store` (every rank calls it): checks that all ranks are on one host, then
-  // rank 0 creates the segment and the others map it. Every rank learns whether all succeeded:
-  // on success all get a group, otherwise all get null and *why says what failed (so the choice
-  // of transport is the same everywhere). `setup_timeout` bounds the waits on the store here,
-  // `timeout` each collective later. *one_host tells a job spread over several hosts (no
-  // segment tried) from a segment that could not be made.
+  // How setting up went, the same on every rank.
+  struct Setup {
+    enum Result { kReady, kOff, kSeveralHosts, kFailed } result = kFailed;
+    std::string why;  // empty when ready
+  };
+  // Collective over `store` (every rank calls it, `off` or not): if any rank is `off`, or the
+  // ranks are on more than one host, nobody tries; otherwise rank 0 creates the segment and the
+  // others map it. Every rank learns whether all succeeded: all get a group or all get null,
+  // with *setup saying why, so the choice of transport is the same everywhere. `setup_timeout`
+  // bounds the waits on the store here (CommError naming the ranks that did not answer),
+  // `timeout` each collective later.
   static std::unique_ptr<ShmGroup> create(c10d::Store& store, const std::string& prefix, int rank,
-                                          int world_size, int64_t slot_bytes,
+                                          int world_size, bool off, int64_t slot_bytes,
                                           std::chrono::milliseconds setup_timeout,
-                                          std::chrono::milliseconds timeout, bool* one_host,
-                                          std::string* why);
+                                          std::chrono::milliseconds timeout, Setup* setup);
   ~ShmGroup();
   ShmGroup(const ShmGroup&) = delete;
   ShmGroup& operator=(const ShmGroup&) = delete;
@@ -73,12 +80,13 @@ class ShmGroup {
   static bool supports(const at::Tensor& t);
 
   // The Communicator's semantics (see dscpp/comm.h); arguments were checked by the caller.
-  void all_reduce(const at::Tensor& tensor, ReduceOp op);
+  // `seq` is the communicator's sequence number of the collective, compared across ranks.
+  void all_reduce(const at::Tensor& tensor, ReduceOp op, int64_t seq);
   void reduce_scatter(const at::Tensor& output, const at::Tensor& input,
-                      const std::vector<int64_t>& counts, ReduceOp op);
-  void all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input);
-  void broadcast(const at::Tensor& tensor, int root);
-  void barrier();
+                      const std::vector<int64_t>& counts, ReduceOp op, int64_t seq);
+  void all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input, int64_t seq);
+  void broadcast(const at::Tensor& tensor, int root, int64_t seq);
+  void barrier(int64_t seq);
 
   int64_t segment_bytes() const { return bytes_; }
 
@@ -90,9 +98,11 @@ class ShmGroup {
   // Every collective: begin() stamps what this rank entered and starts the deadline; the first
   // barrier compares every rank's stamp (CollectiveMismatch naming both sides); end() meets the
   // others once if the collective had no piece.
-  void begin(OpDesc desc);
+  void begin(OpDesc desc, int64_t seq, int op, int64_t extra);
   void check_stamps();
   void end();
+  // Throws CommError when rank r's process has exited (checked while waiting for it).
+  void check_alive(int r) const;
   // Slot of rank r in the current piece's set, as `n` elements of `dtype`.
   at::Tensor slot(int r, int64_t n, c10::ScalarType dtype) const;
   int64_t slot_elements(c10::ScalarType dtype) const {

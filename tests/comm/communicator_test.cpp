@@ -5,11 +5,13 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
+#include <sys/statvfs.h>
 
 #include "comm/comms_logger.h"
 #include "comm/ring.h"
 #include "dscpp/comm.h"
 #include "dscpp/error.h"
+#include "comm/rendezvous.h"
 #include "support/thread_ranks.h"
 
 namespace dscpp::comm {
@@ -64,7 +66,7 @@ class CommWorld : public ::testing::TestWithParam<std::tuple<int, bool>> {
 TEST_P(CommWorld, AllReduceEveryOpAndLength) {
   int world = this->world();
   expect_no_errors(run([&](Communicator& c) {
-    for (int64_t n : {0, 1, 7, 1001}) {
+    for (int64_t n : {0, 1, 7, 1001, 5003}) {
       for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min}) {
         auto t = rank_input(c.rank(), n);
         c.all_reduce(t, op)->wait();
@@ -123,7 +125,7 @@ TEST_P(CommWorld, ReduceScatterEvenAndUneven) {
           << "pieces";
     }
     // In place: the output is this rank's own chunk of the input (as ZeRO stage 1 uses it).
-    for (int64_t n : {1, 5, 1001}) {
+    for (int64_t n : {1, 5, 1001, 20011}) {
       auto counts = split_evenly(n, world);
       int64_t offset = 0;
       for (int r = 0; r < c.rank(); ++r) offset += counts[r];
@@ -144,7 +146,7 @@ TEST_P(CommWorld, ReduceScatterEvenAndUneven) {
 TEST_P(CommWorld, AllGatherEvenAndUneven) {
   int world = this->world();
   expect_no_errors(run([&](Communicator& c) {
-    for (int64_t n : {0, 1, 5, 1001}) {
+    for (int64_t n : {0, 1, 5, 1001, 20011}) {
       auto counts = split_evenly(n, world);
       std::vector<at::Tensor> parts;
       for (int r = 0; r < world; ++r) parts.push_back(rank_input(r, counts[r]));
@@ -184,9 +186,11 @@ TEST_P(CommWorld, BroadcastBarrierSendRecv) {
   int world = this->world();
   expect_no_errors(run([&](Communicator& c) {
     for (int root = 0; root < world; ++root) {
-      auto t = rank_input(c.rank(), 17);
-      c.broadcast(t, root)->wait();
-      EXPECT_TRUE(at::equal(t, rank_input(root, 17))) << "root " << root;
+      for (int64_t n : {17, 5003}) {
+        auto t = rank_input(c.rank(), n);
+        c.broadcast(t, root)->wait();
+        EXPECT_TRUE(at::equal(t, rank_input(root, n))) << "root " << root << " n " << n;
+      }
     }
     c.barrier()->wait();
     if (world > 1) {
@@ -302,16 +306,69 @@ TEST(ShmCollectives, MismatchedSizesFailAtOnceNamingBothSides) {
   for (int r = 0; r < world; ++r) {
     ASSERT_TRUE(errors[r]) << "rank " << r;
     std::string s = error_text(errors[r]);
-    EXPECT_NE(s.find("rank 0 entered all_reduce(float32, 1000 elements) but rank 2 entered "
-                     "all_reduce(float32, 999 elements)"), std::string::npos) << s;
+    EXPECT_NE(s.find("rank 0 entered #2 all_reduce(float32, 1000 elements) op sum but rank 2 "
+                     "entered #2 all_reduce(float32, 999 elements) op sum"), std::string::npos) << s;
   }
 }
 
-// A segment that cannot be made: an error on every rank with "on", Gloo (and correct results)
-// with "auto".
-TEST(ShmCollectives, UnavailableSegmentIsAnErrorWhenAskedForAndGlooOtherwise) {
+// Every dtype the group reduces, and max/min/avg in 16-bit floats (max/min exact, avg summed in
+// fp32): world 3, over several pieces.
+TEST(ShmCollectives, EveryDtypeAndOp) {
+  const int world = 3;
   CommOptions o;
-  o.shm_slot_bytes = int64_t{1} << 50;  // no tmpfs has room for this
+  o.shm = "on";
+  o.shm_slot_bytes = 4096;
+  expect_no_errors(run_thread_ranks(world, [&](Communicator& c) {
+    for (auto dtype : {at::kChar, at::kByte, at::kShort, at::kInt, at::kLong}) {
+      auto t = at::arange(3000, at::kLong).remainder(7).add(c.rank()).to(dtype);
+      c.all_reduce(t)->wait();
+      auto want = at::arange(3000, at::kLong).remainder(7).mul(world).add(3).to(dtype);
+      EXPECT_TRUE(at::equal(t, want)) << dtype;
+    }
+    for (auto dtype : {at::kBFloat16, at::kHalf}) {
+      for (ReduceOp op : {ReduceOp::max, ReduceOp::min, ReduceOp::avg}) {
+        auto t = rank_input(c.rank(), 3000, dtype);
+        c.all_reduce(t, op)->wait();
+        EXPECT_TRUE(at::allclose(t.to(at::kFloat), expected_reduce(world, 3000, op, dtype).to(at::kFloat), 1e-2, 1e-2))
+            << dtype << " " << reduce_op_name(op);
+      }
+    }
+  }, o));
+}
+
+// Same total but other counts, or another reduce op: caught at the first barrier too.
+TEST(ShmCollectives, MismatchedCountsOrOpsFailAtOnce) {
+  CommOptions o;
+  o.shm = "on";
+  o.timeout = std::chrono::seconds(60);
+  for (bool counts : {true, false}) {
+    auto errors = run_thread_ranks(2, [&](Communicator& c) {
+      auto in = at::ones({4});
+      if (counts) {
+        auto out = at::empty({c.rank() == 0 ? 3 : 2});
+        c.reduce_scatter(out, in, c.rank() == 0 ? std::vector<int64_t>{3, 1} : std::vector<int64_t>{2, 2})->wait();
+      } else {
+        c.all_reduce(in, c.rank() == 0 ? ReduceOp::sum : ReduceOp::avg)->wait();
+      }
+    }, o);
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(errors[r]) << "rank " << r;
+      std::string s = error_text(errors[r]);
+      EXPECT_NE(s.find("collective mismatch in shared memory"), std::string::npos) << s;
+      EXPECT_NE(s.find(counts ? "counts" : "op avg"), std::string::npos) << s;
+    }
+  }
+}
+
+// A segment that cannot be made (larger than all of /dev/shm, which tmpfs refuses at once): an
+// error on every rank with "on", Gloo (and correct results) with "auto".
+TEST(ShmCollectives, UnavailableSegmentIsAnErrorWhenAskedForAndGlooOtherwise) {
+  struct statvfs fs {};
+  ASSERT_EQ(::statvfs("/dev/shm", &fs), 0) << "no /dev/shm";
+  const int64_t tmpfs_bytes = static_cast<int64_t>(fs.f_blocks) * static_cast<int64_t>(fs.f_frsize);
+  if (tmpfs_bytes == 0) GTEST_SKIP() << "/dev/shm has no size limit, so no segment is too large";
+  CommOptions o;
+  o.shm_slot_bytes = tmpfs_bytes;  // the segment is 2 x 2 slots
   o.shm = "on";
   auto errors = run_thread_ranks(2, [&](Communicator&) {}, o);
   for (int r = 0; r < 2; ++r) {
@@ -327,6 +384,33 @@ TEST(ShmCollectives, UnavailableSegmentIsAnErrorWhenAskedForAndGlooOtherwise) {
     c.all_reduce(t)->wait();
     EXPECT_EQ(t[9].item<float>(), 3.0f);
   }, o));
+}
+
+// One rank with shared memory off turns it off for every rank, without an error or a wait.
+TEST(ShmCollectives, OffOnOneRankIsOffForAll) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> names(2), errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        CommOptions mine;
+        mine.shm = r == 1 ? "off" : "auto";
+        auto c = make_gloo_communicator(store, r, 2, mine);
+        names[r] = c->backend_name();
+        auto t = at::ones({4});
+        c->all_reduce(t)->wait();
+        EXPECT_EQ(t[0].item<float>(), 2.0f);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_EQ(names[r], "gloo") << "rank " << r;
+  }
 }
 
 }  // namespace

@@ -59,6 +59,16 @@ TEST(LaunchedCommFault, DebugSyncCatchesMismatchedShapesAtOnce) {
       << r.output;
 }
 
+// A rank whose process is gone is named at once by the ranks waiting for it in shared memory,
+// not after the 60 s timeout.
+TEST(LaunchedCommFault, ExitedRankIsNamedAtOnceInSharedMemory) {
+  auto r = run_command(launch(2, "vanish", "DSCPP_COMM_SHM=on DSCPP_COMM_TIMEOUT=60"));
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_LT(r.seconds, 30) << r.output;
+  EXPECT_NE(r.output.find("rank 1 (pid "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("exited while rank 0 waited for it"), std::string::npos) << r.output;
+}
+
 TEST(LaunchedCommOpenMpi, EveryOperationUnderMpirun) {
   if (access("/usr/bin/mpirun", X_OK) != 0) GTEST_FAIL() << "mpirun not installed (openmpi-bin)";
   auto r = run_command(kCli + " launch --launcher openmpi --num_procs 2 --master_port " +

@@ -4,6 +4,8 @@
 //   skip      rank 1 skips its 2nd all_reduce, then idles: the others must report it and fail
 //   mismatch  rank 2 all-reduces 999 elements where the others use 1000 (run with
 //             DSCPP_DEBUG_SYNC=1): every rank must fail at once naming both sides
+//   vanish    rank 1 exits (status 0) right after joining; the others all-reduce and must fail
+//             at once naming it (shared memory notices the missing process)
 //   rendezvous  only joins the job and prints the world it found
 // Exit status 0 on success; on failure the error goes to stderr and the status is 1.
 #include <ATen/ATen.h>
@@ -89,6 +91,10 @@ int main(int argc, char** argv) {
       auto t = at::ones({1000});
       for (int i = 0; i < 3; ++i) comm->all_reduce(t)->wait();
       if (comm->rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(120));
+    } else if (scenario == "vanish") {
+      if (comm->rank() == 1) return 0;
+      auto t = at::ones({1000});
+      comm->all_reduce(t)->wait();
     } else if (scenario == "mismatch") {
       auto t = at::ones({comm->rank() == 2 ? 999 : 1000});
       comm->all_reduce(t)->wait();
