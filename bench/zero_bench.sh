@@ -1,17 +1,36 @@
 #!/usr/bin/env bash
-# ZeRO memory and speed on the built-in GPT (default: 16 layers x 512 wide, 50.4M parameters),
-# through `dscpp train` on local processes, one intra-op thread each.
-#   bench/zero_bench.sh memory [STEPS]        stages 0/1/2 x fp32/bf16 x worlds 2 and 4: each
-#                                             rank's model-state bytes (the engine's accounting)
-#                                             and peak RSS, beside the ZeRO formulas
-#   bench/zero_bench.sh speed [ROUNDS] [STEPS] stages 0/1/2 at 2 ranks in fp32, alternated per
-#                                             round; median steady throughput and the ratio to
-#                                             stage 0 in each round
-# Model shape: L=16 H=8 C=512 MB=2 (micro-batch per rank); needs build/.
+# ZeRO memory and speed on the built-in GPT through `dscpp train` on local processes, one
+# intra-op thread each.
+#   bench/zero_bench.sh memory [STEPS]         stages 0/1/2 x fp32/bf16 x worlds 2 and 4: each
+#                                              rank's model-state bytes (the engine's accounting)
+#                                              and peak RSS, beside the ZeRO formulas
+#   bench/zero_bench.sh speed [ROUNDS] [STEPS]  stages 0/1/2 at 2 ranks in fp32 (and PyTorch DDP
+#                                              with DDP=1), alternated per round: steady tokens/s,
+#                                              peak RSS, and each stage's time per step over stage
+#                                              0's in the same round; medians at the end
+#   bench/zero_bench.sh scale [ROUNDS] [STEPS]  `speed` on the 150M GPT with PyTorch DDP beside
+#                                              it, once with DeepSpeed's default zero settings and
+#                                              once with 25M-element buckets
+# Environment:
+#   MODEL=small (default): 16 layers x 512 wide, 8 heads, 50.4M parameters, the built-in task,
+#         micro-batch 2 per rank;
+#   MODEL=150m: 12 layers x 1024 wide, 16 heads, block 256, vocab 256, 151.7M parameters, on
+#         ../shared/data/tinyshakespeare.txt, micro-batch 1 per rank.
+#   L H C T MB DATA override the model's layers, heads, width, block size, micro-batch, data.
+#   BUCKETS=N (default 5000000): "overlap_comm": true and reduce/allgather_bucket_size N;
+#   BUCKETS=default: the zero_optimization section names the stage alone, so DeepSpeed's
+#         defaults apply (5e8-element buckets, overlap_comm false at stages 1-2).
+# Needs build/ (and, for DDP, python3-torch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-memory}
-L=${L:-16} H=${H:-8} C=${C:-512} MB=${MB:-2}
+MODEL=${MODEL:-small}
+if [ "$MODEL" = 150m ]; then
+  L=${L:-12} H=${H:-16} C=${C:-1024} T=${T:-256} MB=${MB:-1} DATA=${DATA:-../shared/data/tinyshakespeare.txt}
+else
+  L=${L:-16} H=${H:-8} C=${C:-512} T=${T:-} MB=${MB:-2} DATA=${DATA:-}
+fi
+BUCKETS=${BUCKETS:-5000000}
 export OMP_NUM_THREADS=1
 port=$((21000 + RANDOM % 9000))
 CFG=$(mktemp /tmp/zero_bench_XXXXXX.json)
@@ -19,26 +38,43 @@ trap 'rm -f "$CFG"' EXIT
 
 # write_config STAGE PRECISION WORLD
 write_config() {
-  local prec=""
+  local prec="" zero="\"stage\": $1"
   [ "$2" = bf16 ] && prec=', "bf16": {"enabled": true}'
+  [ "$BUCKETS" != default ] &&
+    zero+=", \"overlap_comm\": true, \"reduce_bucket_size\": $BUCKETS, \"allgather_bucket_size\": $BUCKETS"
   cat >"$CFG" <<JSON
 {"train_batch_size": $((MB * $3)), "train_micro_batch_size_per_gpu": $MB, "steps_per_print": 1000,
- "gradient_clipping": 1.0, "zero_optimization": {"stage": $1, "overlap_comm": true,
- "reduce_bucket_size": 5000000, "allgather_bucket_size": 5000000},
+ "gradient_clipping": 1.0, "zero_optimization": {$zero},
  "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.01}}$prec}
 JSON
 }
 
+data_args=()
+[ -n "$DATA" ] && data_args=(--data "$DATA" --block_size "$T")
+
 # run WORLD STEPS: prints dscpp train's output
 run() {
   build/dscpp launch --num_procs "$1" --master_port $((port++)) build/dscpp train --config "$CFG" \
-    --n_layer "$L" --n_head "$H" --n_embd "$C" --steps "$2" --no_shuffle --eval_problems 10 2>&1
+    --n_layer "$L" --n_head "$H" --n_embd "$C" "${data_args[@]}" --steps "$2" --no_shuffle \
+    --eval_problems 10 2>&1
 }
+# ddp STEPS: the same GPT under PyTorch DDP (bench/ddp_gpt.py) at 2 ranks, its default buckets
+ddp() {
+  build/dscpp launch --num_procs 2 --master_port $((port++)) /usr/bin/python3 bench/ddp_gpt.py \
+    --data "$DATA" --n_layer "$L" --n_head "$H" --n_embd "$C" --block_size "$T" \
+    --micro_batch "$MB" --steps "$1" 2>&1
+}
+if [ "${DDP:-0}" = 1 ] && [ -z "$DATA" ]; then
+  echo "zero_bench: DDP=1 needs DATA and T (the DDP twin trains on a text file)" >&2; exit 2
+fi
+tput() { grep -o 'throughput: [0-9.]*' | awk '{print $2}'; }
+peak_rss() { grep -o 'peak RSS [0-9.]*' | awk '{if ($3 > m) m = $3} END {printf "%.0f", m}'; }
+median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
 
 if [ "$MODE" = memory ]; then
   STEPS=${2:-2}
-  printf '| precision | world | stage | formula bytes/param | formula MiB | model states MiB (rank 0) | measured / formula | peak RSS MiB (max rank) |\n'
-  printf '|---|---|---|---|---|---|---|---|\n'
+  printf '| precision | world | stage | formula bytes/param | formula MiB | model states MiB (rank 0) | measured / formula | staging MiB | peak RSS MiB (max rank) |\n'
+  printf '|---|---|---|---|---|---|---|---|---|\n'
   for prec in fp32 bf16; do
     for world in 2 4; do
       for stage in 0 1 2; do
@@ -46,35 +82,61 @@ if [ "$MODE" = memory ]; then
         out=$(run "$world" "$STEPS")
         params=$(grep -o '; [0-9]* parameters' <<<"$out" | head -1 | grep -o '[0-9]*')
         states=$(grep -o 'rank 0: peak RSS [0-9.]* MiB; model states [0-9.]*' <<<"$out" | awk '{print $NF}')
-        rss=$(grep -o 'peak RSS [0-9.]*' <<<"$out" | awk '{if ($3 > m) m = $3} END {print m}')
+        staging=$(grep -o 'rank 0: .*gradient staging [0-9.]*' <<<"$out" | awk '{print $NF}')
+        rss=$(peak_rss <<<"$out")
         # bytes per parameter: fp32 Adam 16, 8 + 8/N, 4 + 12/N; bf16 + fp32 master 16, 4 + 12/N, 2 + 14/N
-        awk -v p="$prec" -v n="$world" -v s="$stage" -v P="$params" -v m="$states" -v r="$rss" 'BEGIN {
+        awk -v p="$prec" -v n="$world" -v s="$stage" -v P="$params" -v m="$states" -v g="$staging" -v r="$rss" 'BEGIN {
           if (p == "fp32") k = (s == 0) ? 16 : (s == 1) ? 8 + 8 / n : 4 + 12 / n;
           else k = (s == 0) ? 16 : (s == 1) ? 4 + 12 / n : 2 + 14 / n;
           f = k * P / 1048576;
-          printf "| %s | %d | %d | %.2f | %.1f | %.1f | %.4f | %.0f |\n", p, n, s, k, f, m, m / f, r }'
+          printf "| %s | %d | %d | %.2f | %.1f | %.1f | %.4f | %.1f | %.0f |\n", p, n, s, k, f, m, m / f, g, r }'
       done
     done
   done
   exit 0
 fi
 
-ROUNDS=${2:-5}
-STEPS=${3:-12}
-tput() { grep -o 'throughput: [0-9.]*' | awk '{print $2}'; }
-printf '| round | stage 0 tokens/s | stage 1 tokens/s | stage 2 tokens/s | stage 1 time / stage 0 | stage 2 time / stage 0 |\n'
-printf '|---|---|---|---|---|---|\n'
-results=()
-for r in $(seq "$ROUNDS"); do
-  t=()
-  for stage in 0 1 2; do
-    write_config "$stage" fp32 2
-    t+=("$(run 2 "$STEPS" | tput)")
+# speed ROUNDS STEPS: one table, stages alternated (and DDP) in every round.
+speed() {
+  local rounds=$1 steps=$2 r stage out
+  local -a r1 r2 t0 t1 t2 td m0 m1 m2 md
+  printf '| round | stage 0 tokens/s | stage 1 tokens/s | stage 2 tokens/s |%s stage 1 time / stage 0 | stage 2 time / stage 0 | peak RSS MiB stage 0 / 1 / 2%s |\n' \
+    "$([ "${DDP:-0}" = 1 ] && echo ' DDP tokens/s |')" "$([ "${DDP:-0}" = 1 ] && echo ' / DDP')"
+  printf '|---|---|---|---|%s---|---|---|\n' "$([ "${DDP:-0}" = 1 ] && echo '---|')"
+  for r in $(seq "$rounds"); do
+    local -a t=() m=()
+    for stage in 0 1 2; do
+      write_config "$stage" fp32 2
+      out=$(run 2 "$steps")
+      t+=("$(tput <<<"$out")") m+=("$(peak_rss <<<"$out")")
+    done
+    t0+=("${t[0]}") t1+=("${t[1]}") t2+=("${t[2]}") m0+=("${m[0]}") m1+=("${m[1]}") m2+=("${m[2]}")
+    r1+=("$(awk -v a="${t[0]}" -v b="${t[1]}" 'BEGIN {printf "%.3f", a / b}')")
+    r2+=("$(awk -v a="${t[0]}" -v b="${t[2]}" 'BEGIN {printf "%.3f", a / b}')")
+    local dcol="" dmem=""
+    if [ "${DDP:-0}" = 1 ]; then
+      out=$(ddp "$steps")
+      td+=("$(tput <<<"$out")") md+=("$(peak_rss <<<"$out")")
+      dcol=" ${td[-1]} |" dmem=" / ${md[-1]}"
+    fi
+    printf '| %s | %s | %s | %s |%s %s | %s | %s / %s / %s%s |\n' "$r" "${t[0]}" "${t[1]}" "${t[2]}" \
+      "$dcol" "${r1[-1]}" "${r2[-1]}" "${m[0]}" "${m[1]}" "${m[2]}" "$dmem"
   done
-  r1=$(awk -v a="${t[0]}" -v b="${t[1]}" 'BEGIN {printf "%.3f", a / b}')
-  r2=$(awk -v a="${t[0]}" -v b="${t[2]}" 'BEGIN {printf "%.3f", a / b}')
-  printf '| %s | %s | %s | %s | %s | %s |\n' "$r" "${t[0]}" "${t[1]}" "${t[2]}" "$r1" "$r2"
-  results+=("$r1 $r2")
-done
-printf '%s\n' "${results[@]}" | sort -n -k1 | awk '{a[NR] = $1} END {printf "median stage 1 / stage 0 time per step: %s\n", a[int((NR + 1) / 2)]}'
-printf '%s\n' "${results[@]}" | sort -n -k2 | awk '{a[NR] = $2} END {printf "median stage 2 / stage 0 time per step: %s\n", a[int((NR + 1) / 2)]}'
+  local dcol="" dmem=""
+  if [ "${DDP:-0}" = 1 ]; then dcol=" $(median "${td[@]}") |" dmem=" / $(median "${md[@]}")"; fi
+  printf '| median | %s | %s | %s |%s %s | %s | %s / %s / %s%s |\n' "$(median "${t0[@]}")" \
+    "$(median "${t1[@]}")" "$(median "${t2[@]}")" "$dcol" "$(median "${r1[@]}")" "$(median "${r2[@]}")" \
+    "$(median "${m0[@]}")" "$(median "${m1[@]}")" "$(median "${m2[@]}")" "$dmem"
+}
+
+case "$MODE" in
+  speed) speed "${2:-5}" "${3:-12}" ;;
+  scale)
+    if [ "$MODEL" != 150m ]; then exec env MODEL=150m "$0" "$@"; fi
+    for BUCKETS in default 25000000; do
+      echo; echo "150M GPT, zero_optimization buckets: $BUCKETS"; echo
+      DDP=1 speed "${2:-3}" "${3:-10}"
+    done
+    ;;
+  *) echo "usage: bench/zero_bench.sh memory|speed|scale [...]" >&2; exit 2 ;;
+esac

@@ -190,6 +190,7 @@ class Engine {
   at::ScalarType dtype_ = at::kFloat;  // training dtype of parameters and gradients
   int64_t shard_offset_ = 0;        // this rank's shard of the flat buffer (stages 1-2)
   int64_t shard_numel_ = 0;
+  int64_t allgather_bucket_size_ = 0;  // in force (NOTE [bucket cap])
   at::Tensor grad_shard_;           // [shard_numel] this rank's averaged gradients (stages 1-2)
   // fp32 weights the optimizer updates: [shard_numel] (stage 0: all). In fp32 a view of the
   // parameters; under mixed precision a buffer of its own, cast into the parameters after each

@@ -125,7 +125,26 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, Config config, InitOpti
           : stage_ == 1 ? engine::ReduceMode::kReduceScatterInPlace
                         : engine::ReduceMode::kReduceScatter;
   ro.dtype = dtype_;
-  ro.reduce_bucket_size = zc.reduce_bucket_size;
+  // NOTE [bucket cap] in grad_reducer.h: buckets above a sixteenth of the model help nothing.
+  int64_t trainable = 0;
+  for (auto& p : params) trainable += p.numel();
+  ro.reduce_bucket_size = engine::capped_bucket_size(zc.reduce_bucket_size, trainable);
+  allgather_bucket_size_ = engine::capped_bucket_size(zc.allgather_bucket_size, trainable);
+  std::string capped;
+  if (ro.reduce_bucket_size < zc.reduce_bucket_size) {
+    capped = fmt::format("reduce_bucket_size {} -> {}", zc.reduce_bucket_size, ro.reduce_bucket_size);
+  }
+  if (stage_ > 0 && allgather_bucket_size_ < zc.allgather_bucket_size) {
+    capped += fmt::format("{}allgather_bucket_size {} -> {}", capped.empty() ? "" : ", ",
+                          zc.allgather_bucket_size, allgather_bucket_size_);
+  }
+  if (comm_->rank() == 0 && !capped.empty()) {
+    DSCPP_LOG_INFO("zero_optimization.{} elements: buckets are capped at 1/{} of the model's {} "
+                   "trainable elements, since a larger one only delays the first reduction (and "
+                   "at stage 2 enlarges the staging buffers); bucket sizes do not change what is "
+                   "trained (docs/zero.md)",
+                   capped, engine::kBucketsPerModel, trainable);
+  }
   ro.prescale_gradients = config_.prescale_gradients;
   ro.gradient_predivide_factor = config_.gradient_predivide_factor;
   ro.overlap_comm = zc.overlap_comm;
@@ -416,7 +435,7 @@ void Engine::gather_params() {
   // libtorch's list all-gather stages world x piece).
   at::Tensor flat = reducer_->padded_params();
   const int world = comm_->world_size();
-  const int64_t piece = std::max<int64_t>(1, config_.zero_optimization.allgather_bucket_size / world);
+  const int64_t piece = std::max<int64_t>(1, allgather_bucket_size_ / world);
   std::vector<comm::WorkHandle> works;
   for (int64_t start = 0; start < shard_numel_; start += piece) {
     const int64_t len = std::min(piece, shard_numel_ - start);

@@ -17,6 +17,7 @@
 namespace dscpp::engine {
 namespace {
 
+// After a parameter's gradient accumulator ran: the gradient is in.
 class ReadyHook final : public torch::autograd::FunctionPostHook {
  public:
   explicit ReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
@@ -30,7 +31,25 @@ class ReadyHook final : public torch::autograd::FunctionPostHook {
   std::function<void()> fn_;
 };
 
+// Before a parameter's gradient accumulator runs: where the gradient will go can still change.
+class ArrivingHook final : public torch::autograd::FunctionPreHook {
+ public:
+  explicit ArrivingHook(std::function<void()> fn) : fn_(std::move(fn)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    fn_();
+    return grads;
+  }
+
+ private:
+  std::function<void()> fn_;
+};
+
 }  // namespace
+
+int64_t capped_bucket_size(int64_t configured, int64_t numel) {
+  const int64_t cap = std::max(kMinBucketCap, (numel + kBucketsPerModel - 1) / kBucketsPerModel);
+  return std::min(configured, cap);
+}
 
 GradReducer::GradReducer(std::vector<at::Tensor> params, std::vector<std::string> names,
                          comm::Communicator& comm, GradReduceOptions options, int64_t side_channel)
@@ -99,12 +118,16 @@ GradReducer::GradReducer(std::vector<at::Tensor> params, std::vector<std::string
     b.numel += segments_[i].second;
     bucket_of_param_[i] = static_cast<int>(buckets_.size()) - 1;
   }
-  if (options_.mode == ReduceMode::kReduceScatter && options_.contiguous_gradients) {
+  if (options_.mode == ReduceMode::kReduceScatter) {
+    // NOTE [stage 2 slots]: one slot, or two with overlap_comm.
+    const int slots = options_.overlap_comm ? 2 : 1;
+    staging_.resize(slots);
+    slot_bucket_.assign(slots, -1);
     int64_t largest = 0;
     for (const auto& b : buckets_) largest = std::max(largest, b.numel);
-    const int slots = options_.overlap_comm ? 2 : 1;
-    for (int s = 0; s < slots; ++s) staging_.push_back(at::empty({largest}, opts));
-    staging_busy_.assign(slots, false);
+    if (options_.contiguous_gradients) {
+      for (auto& slot : staging_) slot = at::empty({largest}, opts);
+    }
   }
   got_grad_.assign(params_.size(), 0);
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -113,14 +136,21 @@ GradReducer::GradReducer(std::vector<at::Tensor> params, std::vector<std::string
     int index = static_cast<int>(i);
     uintptr_t key =
         acc->add_post_hook(std::make_unique<ReadyHook>([this, index] { on_grad_ready(index); }));
-    hooks_.emplace_back(acc, key);
+    auto arriving = std::make_unique<ArrivingHook>([this, index] { on_grad_arriving(index); });
+    hooks_.push_back({acc, key, arriving.get()});
+    acc->add_pre_hook(std::move(arriving));
   }
   DSCPP_LOG_DEBUG("gradient buckets: {} over {} parameters ({} elements, reduce_bucket_size {})",
                   buckets_.size(), params_.size(), total, options_.reduce_bucket_size);
 }
 
 GradReducer::~GradReducer() {
-  for (auto& [acc, key] : hooks_) acc->del_post_hook(key);
+  for (auto& h : hooks_) {
+    h.acc->del_post_hook(h.post_key);
+    auto& pre = h.acc->pre_hooks();
+    pre.erase(std::remove_if(pre.begin(), pre.end(), [&](const auto& p) { return p.get() == h.pre; }),
+              pre.end());
+  }
   // Reductions still in flight (a backward that threw) must finish before their buffers go.
   for (auto& f : in_flight_) {
     try {
@@ -156,15 +186,20 @@ void GradReducer::prepare_backward(bool reduce, const at::Tensor& loss) {
   std::vector<char> reach = reduce && loss.defined() ? reachable_from(loss) : std::vector<char>{};
   std::lock_guard<std::mutex> g(mu_);
   in_flight_.clear();  // left by a backward that failed midway
-  std::fill(staging_busy_.begin(), staging_busy_.end(), false);
+  std::fill(slot_bucket_.begin(), slot_bucket_.end(), -1);
+  if (!options_.contiguous_gradients) {
+    for (auto& slot : staging_) slot = at::Tensor();
+  }
   reducing_ = reduce;
   next_bucket_ = 0;
   works_.clear();
   std::fill(got_grad_.begin(), got_grad_.end(), 0);
   late_gradient_ = false;
+  kept_gradients_ = 0;
   for (auto& b : buckets_) {
     b.pending = static_cast<int>(b.params.size());
     b.launched = false;
+    b.slot = -1;
   }
   // Parameters the loss cannot reach get no gradient in this backward: ready now.
   for (size_t i = 0; i < reach.size(); ++i) {
@@ -178,7 +213,7 @@ std::vector<char> GradReducer::reachable_from(const at::Tensor& loss) const {
   const auto& root = loss.grad_fn();
   if (!root) return {};
   std::unordered_map<const torch::autograd::Node*, int> param_of;
-  for (size_t i = 0; i < hooks_.size(); ++i) param_of.emplace(hooks_[i].first.get(), static_cast<int>(i));
+  for (size_t i = 0; i < hooks_.size(); ++i) param_of.emplace(hooks_[i].acc.get(), static_cast<int>(i));
   std::vector<char> reach(params_.size(), 0);
   std::unordered_set<const torch::autograd::Node*> seen{root.get()};
   std::vector<torch::autograd::Node*> todo{root.get()};
@@ -193,6 +228,22 @@ std::vector<char> GradReducer::reachable_from(const at::Tensor& loss) const {
     }
   }
   return reach;
+}
+
+void GradReducer::on_grad_arriving(int param) {
+  if (options_.mode == ReduceMode::kAllReduce) return;
+  std::lock_guard<std::mutex> g(mu_);
+  if (!reducing_) return;
+  Bucket& b = buckets_[bucket_of_param_[param]];
+  if (b.launched) return;  // a late gradient: on_grad_ready reports it
+  if (options_.mode == ReduceMode::kReduceScatterInPlace) {
+    // overlap_comm false: the reductions in flight finish before a later bucket accumulates.
+    if (!options_.overlap_comm) {
+      while (!in_flight_.empty()) retire_oldest_locked();
+    }
+    return;
+  }
+  if (b.slot < 0) acquire_slot_locked(b);  // NOTE [stage 2 slots]
 }
 
 void GradReducer::on_grad_ready(int param) {
@@ -214,7 +265,14 @@ void GradReducer::on_grad_ready(int param) {
     return;
   }
   got_grad_[param] = 1;
-  if (reducing_) mark_ready_locked(param);
+  if (!reducing_) return;
+  mark_ready_locked(param);
+  retire_completed_locked();
+}
+
+int64_t GradReducer::kept_gradients() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return kept_gradients_;
 }
 
 bool GradReducer::late_gradient() const {
@@ -265,37 +323,20 @@ void GradReducer::launch_all_reduce(Bucket& b) {
 
 void GradReducer::launch_reduce_scatter(Bucket& b) {
   const bool in_place = options_.mode == ReduceMode::kReduceScatterInPlace;
-  int slot = -1;
   at::Tensor staging;
   if (in_place) {
     staging = flat_grads_.narrow(0, b.offset, b.numel);
-  } else if (!staging_.empty()) {
-    // A free persistent staging buffer (contiguous_gradients), waiting for the oldest reduction
-    // in flight when both are busy.
-    for (;;) {
-      for (size_t s = 0; s < staging_.size() && slot < 0; ++s) {
-        if (!staging_busy_[s]) slot = static_cast<int>(s);
-      }
-      if (slot >= 0) break;
-      retire_oldest_locked();
-    }
-    staging_busy_[slot] = true;
-    staging = staging_[slot].narrow(0, 0, b.numel);
   } else {
-    // A fresh buffer per bucket, never more than two of them in flight.
-    while (in_flight_.size() >= 2) retire_oldest_locked();
-    staging = at::empty({b.numel}, flat_params_.options());
-  }
-  if (!in_place) {
-    // Gather the bucket's gradients (zeros for a parameter that got none) and release them.
-    for (int p : b.params) {
-      auto [off, n] = segments_[p];
-      at::Tensor dst = staging.narrow(0, off - b.offset, n);
-      const at::Tensor& grad = params_[p].grad();
-      if (grad.defined()) dst.copy_(grad.reshape({-1}));
-      else dst.zero_();
-      params_[p].mutable_grad() = at::Tensor();
+    // The bucket's gradients are in its slot (NOTE [stage 2 slots]), or in a buffer of its own
+    // when every slot serves a bucket still accumulating.
+    if (b.slot < 0) acquire_slot_locked(b);
+    if (b.slot >= 0) {
+      staging = staging_[b.slot].narrow(0, 0, b.numel);
+    } else {
+      staging = at::empty({b.numel}, flat_params_.options());
+      copy_kept_gradients(b, staging);
     }
+    for (int p : b.params) params_[p].mutable_grad() = at::Tensor();
   }
   const int world = comm_.world_size();
   prescale(staging, options_, world);
@@ -313,25 +354,33 @@ void GradReducer::launch_reduce_scatter(Bucket& b) {
   f.staging = staging;
   f.result = staging.narrow(0, own_start - b.offset, counts[rank]);
   f.shard_pos = own_start - rank * S;
-  f.slot = slot;
+  f.slot = b.slot;
   f.work = options_.reduce_scatter ? comm_.reduce_scatter(f.result, staging, counts)
                                    : comm_.all_reduce(staging, comm::ReduceOp::sum);
   in_flight_.push_back(std::move(f));
-  if (!options_.overlap_comm) retire_oldest_locked();
 }
 
 void GradReducer::retire_oldest_locked() {
   DSCPP_CHECK(!in_flight_.empty(), Error, "internal: no gradient reduction in flight to wait for");
   InFlight f = std::move(in_flight_.front());
   in_flight_.pop_front();
-  struct ReleaseSlot {
-    std::vector<bool>& busy;
-    int slot;
-    ~ReleaseSlot() {
-      if (slot >= 0) busy[slot] = false;
-    }
-  } release{staging_busy_, f.slot};
-  f.work->wait();
+  {
+    // A stage-2 slot is free once its reduction is over, whether it succeeded or threw.
+    struct ReleaseSlot {
+      GradReducer& r;
+      int slot;
+      ~ReleaseSlot() {
+        if (slot < 0) return;
+        r.slot_bucket_[slot] = -1;
+        if (!r.options_.contiguous_gradients) r.staging_[slot] = at::Tensor();
+      }
+    } release{*this, f.slot};
+    f.work->wait();
+    add_to_shard(f);
+  }
+}
+
+void GradReducer::add_to_shard(const InFlight& f) {
   const double factor = postscale_factor(options_, comm_.world_size());
   if (f.result.numel() == 0) return;
   if (options_.mode == ReduceMode::kReduceScatterInPlace) {
@@ -341,6 +390,53 @@ void GradReducer::retire_oldest_locked() {
   at::Tensor dst = grad_shard_.narrow(0, f.shard_pos, f.result.numel());
   if (factor != 1.0) dst.add_(f.result, factor);
   else dst.add_(f.result);
+}
+
+void GradReducer::retire_completed_locked() {
+  while (!in_flight_.empty() && in_flight_.front().work->is_completed()) {
+    retire_oldest_locked();
+  }
+}
+
+void GradReducer::acquire_slot_locked(Bucket& b) {
+  for (;;) {
+    for (size_t s = 0; s < staging_.size(); ++s) {
+      if (slot_bucket_[s] >= 0) continue;
+      attach_locked(b, static_cast<int>(s));
+      return;
+    }
+    // Every slot is busy: wait for the oldest reduction to free one (backpressure), unless
+    // every slot serves a bucket still accumulating (gradients arriving out of bucket order).
+    if (in_flight_.empty()) return;
+    retire_oldest_locked();
+  }
+}
+
+void GradReducer::attach_locked(Bucket& b, int slot) {
+  slot_bucket_[slot] = static_cast<int>(&b - buckets_.data());
+  b.slot = slot;
+  if (!staging_[slot].defined()) staging_[slot] = at::empty({b.numel}, flat_params_.options());
+  at::Tensor region = staging_[slot].narrow(0, 0, b.numel);
+  copy_kept_gradients(b, region);
+  for (int p : b.params) {
+    auto [off, n] = segments_[p];
+    params_[p].mutable_grad() = region.narrow(0, off - b.offset, n).view(params_[p].sizes());
+  }
+}
+
+void GradReducer::copy_kept_gradients(const Bucket& b, const at::Tensor& dst) {
+  at::NoGradGuard no_grad;
+  for (int p : b.params) {
+    auto [off, n] = segments_[p];
+    at::Tensor view = dst.narrow(0, off - b.offset, n);
+    const at::Tensor& g = params_[p].grad();
+    if (g.defined()) {
+      view.copy_(g.reshape({-1}));
+      ++kept_gradients_;
+    } else {
+      view.zero_();
+    }
+  }
 }
 
 double GradReducer::finish_backward() {
@@ -400,6 +496,7 @@ int64_t GradReducer::grad_bytes() const {
 
 int64_t GradReducer::staging_bytes() const {
   int64_t total = 0;
+  if (!options_.contiguous_gradients) return 0;  // allocated per bucket, freed once reduced
   for (const auto& s : staging_) total += static_cast<int64_t>(s.nbytes());
   return total;
 }

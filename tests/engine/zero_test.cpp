@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <mutex>
 #include <string>
 #include <torch/nn/module.h>
 
@@ -34,6 +35,18 @@ std::vector<Trajectory> run_ranks(int world, int steps, const std::string& cfg) 
   auto errors = run_thread_ranks(world, [&](Communicator& c) { out[c.rank()] = train_cfg(c, steps, cfg); });
   for (auto& e : errors) EXPECT_FALSE(e) << cfg << ": " << error_text(e);
   return out;
+}
+
+// A GradReducer over `module`'s parameters, for the tests that watch the gradient path itself.
+std::unique_ptr<engine::GradReducer> make_reducer(torch::nn::Module& module, Communicator& c,
+                                                  const engine::GradReduceOptions& o) {
+  std::vector<at::Tensor> params;
+  std::vector<std::string> names;
+  for (auto& item : module.named_parameters()) {
+    params.push_back(item.value());
+    names.push_back(item.key());
+  }
+  return std::make_unique<engine::GradReducer>(params, names, c, o);
 }
 
 // ZeRO stage 1 (sharded optimizer state, reduce-scatter, all-gather) reproduces stage 0 at every
@@ -98,29 +111,137 @@ TEST(EngineZero, BucketsLaunchDuringBackwardDespiteAnUnusedParameter) {
   auto errors = run_thread_ranks(1, [&](Communicator& c) {
     for (ReduceMode mode : {ReduceMode::kAllReduce, ReduceMode::kReduceScatterInPlace, ReduceMode::kReduceScatter}) {
       Net net = make_net(1);
-      std::vector<at::Tensor> params;
-      std::vector<std::string> names;
-      for (auto& item : net->named_parameters()) {
-        params.push_back(item.value());
-        names.push_back(item.key());
-      }
+      const size_t n = net->parameters().size();
       engine::GradReduceOptions o;
       o.mode = mode;
       o.reduce_bucket_size = 1;
       o.overlap_comm = true;
-      engine::GradReducer reducer(params, names, c, o);
-      ASSERT_EQ(reducer.num_buckets(), params.size());
+      auto reducer_ptr = make_reducer(*net, c, o);
+      auto& reducer = *reducer_ptr;
+      ASSERT_EQ(reducer.num_buckets(), n);
       at::Tensor loss = at::mse_loss(net->forward(dataset_x().narrow(0, 0, 2)), dataset_y().narrow(0, 0, 2));
       reducer.prepare_backward(true, loss);
       EXPECT_EQ(reducer.buckets_launched(), 2u) << "the unused branch's weight and bias";
       // fc1.weight's gradient is the last one autograd produces: every other bucket has been
       // launched from the hooks by the time backward returns.
       loss.backward();
-      EXPECT_GE(reducer.buckets_launched(), params.size() - 1) << "mode " << static_cast<int>(mode);
+      EXPECT_GE(reducer.buckets_launched(), n - 1) << "mode " << static_cast<int>(mode);
       reducer.finish_backward();
-      EXPECT_EQ(reducer.buckets_launched(), params.size());
+      EXPECT_EQ(reducer.buckets_launched(), n);
       EXPECT_EQ(reducer.unused_in_last_backward(), (std::vector<std::string>{"branch.weight", "branch.bias"}));
     }
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+}
+
+// NOTE [bucket cap]: DeepSpeed's default buckets (5e8 elements) are cut to a sixteenth of the
+// model, never below 2^20 elements; smaller values are kept.
+TEST(EngineZero, BucketsAboveASixteenthOfTheModelAreCapped) {
+  EXPECT_EQ(engine::capped_bucket_size(500000000, 151681024), 9480064);
+  EXPECT_EQ(engine::capped_bucket_size(5000000, 151681024), 5000000);
+  EXPECT_EQ(engine::capped_bucket_size(500000000, 280), int64_t{1} << 20);
+  EXPECT_EQ(engine::capped_bucket_size(8, 280), 8);
+}
+
+// NOTE [stage 2 slots]: gradients that arrive in bucket order go straight into the staging
+// slots (autograd keeps none), with one slot (overlap_comm false) or two.
+TEST(EngineZero, Stage2GradientsGoStraightIntoTheStagingSlots) {
+  auto errors = run_thread_ranks(2, [&](Communicator& c) {
+    for (bool overlap : {false, true}) {
+      Net net = make_net(1);
+      engine::GradReduceOptions o;
+      o.mode = engine::ReduceMode::kReduceScatter;
+      o.reduce_bucket_size = 144;  // {branch, fc2} and {fc1}
+      o.overlap_comm = overlap;
+      auto reducer_ptr = make_reducer(*net, c, o);
+      auto& reducer = *reducer_ptr;
+      ASSERT_EQ(reducer.num_buckets(), 2u);
+      EXPECT_EQ(reducer.staging_bytes(), (overlap ? 2 : 1) * 4 * 144);
+      for (int step = 0; step < 2; ++step) {
+        at::Tensor loss = at::mse_loss(net->forward(dataset_x().narrow(0, 2 * c.rank(), 2)),
+                                       dataset_y().narrow(0, 2 * c.rank(), 2));
+        reducer.prepare_backward(true, loss);
+        loss.backward();
+        reducer.finish_backward();
+        EXPECT_EQ(reducer.kept_gradients(), 0) << "overlap " << overlap;
+        for (auto& p : net->parameters()) EXPECT_FALSE(p.grad().defined()) << "a gradient outlived its bucket";
+      }
+    }
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+}
+
+// A model registered against the order backward reaches it: its last layer is registered first,
+// so that layer's gradients (the first to arrive) belong to the last bucket to launch and some
+// arrive while every slot serves a bucket still accumulating. Autograd keeps those; stage 2
+// still reproduces stage 0 exactly, with one slot and with two.
+struct ReversedNetImpl : torch::nn::Module {
+  ReversedNetImpl() {
+    out = register_module("out", torch::nn::Linear(16, 4));
+    mid = register_module("mid", torch::nn::Linear(16, 16));
+    in = register_module("in", torch::nn::Linear(8, 16));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    return out->forward(at::tanh(mid->forward(at::tanh(in->forward(x)))));
+  }
+  torch::nn::Linear out{nullptr}, mid{nullptr}, in{nullptr};
+};
+TORCH_MODULE(ReversedNet);
+
+TEST(EngineZero, Stage2MatchesStage0WhenGradientsArriveOutOfBucketOrder) {
+  // Buckets from the end of the registration order: {in}, {mid.bias}, {mid.weight}, {out}.
+  const std::string bucket = ", \"reduce_bucket_size\": 150";
+  auto build = [] {
+    static std::mutex mu;  // the rank threads share the global generator
+    std::lock_guard<std::mutex> g(mu);
+    at::manual_seed(7);
+    return ReversedNet();
+  };
+  auto run = [&](const std::string& zero) {
+    std::vector<double> losses;
+    at::Tensor final_params;
+    auto errors = run_thread_ranks(2, [&](Communicator& c) {
+      ReversedNet net = build();
+      auto engine = initialize(net.ptr(), config_json(4, 2, kAdamW + zero), borrowed(c));
+      auto X = dataset_x().narrow(0, 2 * c.rank(), 2), Y = dataset_y().narrow(0, 2 * c.rank(), 2);
+      for (int s = 0; s < 4; ++s) {
+        engine->backward(at::mse_loss(net->forward(X), Y));
+        engine->step();
+        if (c.rank() == 0) losses.push_back(engine->last_step().loss);
+      }
+      if (c.rank() == 0) {
+        std::vector<at::Tensor> flat;
+        for (auto& p : net->parameters()) flat.push_back(p.detach().reshape({-1}));
+        final_params = at::cat(flat);
+      }
+    });
+    for (auto& e : errors) EXPECT_FALSE(e) << zero << ": " << error_text(e);
+    return std::make_pair(losses, final_params);
+  };
+  auto ref = run("");
+  for (bool overlap : {false, true}) {
+    std::string zero = ", \"zero_optimization\": {\"stage\": 2" + bucket + ", \"overlap_comm\": " +
+                       (overlap ? "true" : "false") + "}";
+    auto got = run(zero);
+    ASSERT_EQ(got.first.size(), ref.first.size());
+    for (size_t i = 0; i < ref.first.size(); ++i) EXPECT_NEAR(got.first[i], ref.first[i], 1e-6 * ref.first[i]) << zero;
+    EXPECT_TRUE(at::allclose(got.second, ref.second, 1e-6, 1e-7)) << zero;
+  }
+  // The kept path was taken: with one slot, {out} takes it first and the other three buckets'
+  // gradients (mid's and in's four parameters) arrive while it still accumulates.
+  auto errors = run_thread_ranks(1, [&](Communicator& c) {
+    ReversedNet net = build();
+    engine::GradReduceOptions o;
+    o.mode = engine::ReduceMode::kReduceScatter;
+    o.reduce_bucket_size = 150;
+    auto reducer_ptr = make_reducer(*net, c, o);
+    auto& reducer = *reducer_ptr;
+    ASSERT_EQ(reducer.num_buckets(), 4u);
+    at::Tensor loss = at::mse_loss(net->forward(dataset_x().narrow(0, 0, 2)), dataset_y().narrow(0, 0, 2));
+    reducer.prepare_backward(true, loss);
+    loss.backward();
+    reducer.finish_backward();
+    EXPECT_EQ(reducer.kept_gradients(), 4);
   });
   for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
 }
