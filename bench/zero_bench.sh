@@ -33,6 +33,8 @@ fi
 BUCKETS=${BUCKETS:-5000000}
 export OMP_NUM_THREADS=1
 port=$((21000 + RANDOM % 9000))
+# A new master port for each launch, counted in this shell (not in a $(...) subshell).
+next_port() { port=$((port + 1)); }
 CFG=$(mktemp /tmp/zero_bench_XXXXXX.json)
 trap 'rm -f "$CFG"' EXIT
 
@@ -52,15 +54,15 @@ JSON
 data_args=()
 [ -n "$DATA" ] && data_args=(--data "$DATA" --block_size "$T")
 
-# run WORLD STEPS: prints dscpp train's output
+# run WORLD STEPS: prints dscpp train's output (call next_port first)
 run() {
-  build/dscpp launch --num_procs "$1" --master_port $((port++)) build/dscpp train --config "$CFG" \
+  build/dscpp launch --num_procs "$1" --master_port "$port" build/dscpp train --config "$CFG" \
     --n_layer "$L" --n_head "$H" --n_embd "$C" "${data_args[@]}" --steps "$2" --no_shuffle \
     --eval_problems 10 2>&1
 }
 # ddp STEPS: the same GPT under PyTorch DDP (bench/ddp_gpt.py) at 2 ranks, its default buckets
 ddp() {
-  build/dscpp launch --num_procs 2 --master_port $((port++)) /usr/bin/python3 bench/ddp_gpt.py \
+  build/dscpp launch --num_procs 2 --master_port "$port" /usr/bin/python3 bench/ddp_gpt.py \
     --data "$DATA" --n_layer "$L" --n_head "$H" --n_embd "$C" --block_size "$T" \
     --micro_batch "$MB" --steps "$1" 2>&1
 }
@@ -79,6 +81,7 @@ if [ "$MODE" = memory ]; then
     for world in 2 4; do
       for stage in 0 1 2; do
         write_config "$stage" "$prec" "$world"
+        next_port
         out=$(run "$world" "$STEPS")
         params=$(grep -o '; [0-9]* parameters' <<<"$out" | head -1 | grep -o '[0-9]*')
         states=$(grep -o 'rank 0: peak RSS [0-9.]* MiB; model states [0-9.]*' <<<"$out" | awk '{print $NF}')
@@ -107,6 +110,7 @@ speed() {
     local -a t=() m=()
     for stage in 0 1 2; do
       write_config "$stage" fp32 2
+      next_port
       out=$(run 2 "$steps")
       t+=("$(tput <<<"$out")") m+=("$(peak_rss <<<"$out")")
     done
@@ -115,6 +119,7 @@ speed() {
     r2+=("$(awk -v a="${t[0]}" -v b="${t[2]}" 'BEGIN {printf "%.3f", a / b}')")
     local dcol="" dmem=""
     if [ "${DDP:-0}" = 1 ]; then
+      next_port
       out=$(ddp "$steps")
       td+=("$(tput <<<"$out")") md+=("$(peak_rss <<<"$out")")
       dcol=" ${td[-1]} |" dmem=" / ${md[-1]}"
@@ -130,7 +135,7 @@ speed() {
 }
 
 case "$MODE" in
-  speed) speed "${2:-5}" "${3:-12}" ;;
+  speed) speed "${2:-5}" "${3:-40}" ;;
   scale)
     if [ "$MODEL" != 150m ]; then exec env MODEL=150m "$0" "$@"; fi
     for BUCKETS in default 25000000; do

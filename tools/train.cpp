@@ -21,6 +21,7 @@
 #include "dscpp/models/gpt.h"
 #include "dscpp/process_env.h"
 #include "dscpp/safetensors.h"
+#include "dscpp/zero.h"
 #include "tools.h"
 #include "util/log.h"
 
@@ -35,6 +36,7 @@ struct TrainArgs {
   int64_t steps = 300, eval_problems = 2000;
   uint64_t seed = 1234;
   bool no_shuffle = false;
+  bool checkpoint_activations = false;
 };
 
 std::string fmt_eta(double s) {
@@ -57,6 +59,8 @@ int train_main(int argc, char** argv) {
   app.add_option("--steps", a.steps, "optimizer steps")->capture_default_str();
   app.add_option("--seed", a.seed, "model init, data generation and shuffling")->capture_default_str();
   app.add_flag("--no_shuffle", a.no_shuffle, "step s trains on samples (s*B + i) mod num_samples");
+  app.add_flag("--checkpoint_activations", a.checkpoint_activations,
+               "recompute each block in backward instead of keeping its activations");
   app.add_option("--init", a.init, "initial weights (safetensors, by parameter name)");
   app.add_option("--save_final", a.save_final, "write the final weights as fp32 safetensors (rank 0)");
   app.add_option("--metrics", a.metrics, "JSON lines, one per optimizer step (rank 0)");
@@ -124,12 +128,14 @@ int train_main(int argc, char** argv) {
   gc.n_embd = a.n_embd;
   models::GPT model(gc, a.seed);
   model->to(device);
+  model->set_activation_checkpointing(a.checkpoint_activations);
   // Only rank 0 reads --init (the file may exist on its host alone); the engine broadcasts
   // rank 0's weights to every rank.
   if (!a.init.empty() && rank == 0) safetensors::load_into(*model, a.init);
 
   InitOptions io;
   io.comm = comm;
+  io.zero_units = models::GPTImpl::zero_units();  // stage 3's units (ignored below)
   Engine engine(model.ptr(), config, io);
   engine.set_tokens_per_sample(a.block_size);
   data::BatchLayout layout{engine.train_batch_size(), engine.train_micro_batch_size_per_gpu(),
@@ -198,7 +204,17 @@ int train_main(int argc, char** argv) {
                              (a.steps - warmup_steps) * engine.train_batch_size() * a.block_size / steady_s,
                              warmup_steps + 1, a.steps, warmup_steps)
               << std::endl;
-    if (task) {
+  }
+  if (mem.gathered > 0) {
+    std::cout << fmt::format("rank {}: ZeRO stage 3 held at most {:.2f} MiB of gathered unit "
+                             "parameters at once", rank, mem.gathered / kMiB)
+              << std::endl;
+  }
+  {
+    // Every rank's parameters whole for the evaluation and the save (at ZeRO stage 3 a collective
+    // that gathers every unit; below it, nothing happens).
+    zero::GatheredParameters whole(*model);
+    if (rank == 0 && task) {
       auto held_out = data::ReverseTask(task->options().held_out_set(a.eval_problems));
       auto acc = data::accuracy(*model, held_out, a.eval_problems);
       std::cout << fmt::format("held-out accuracy: {:.2f}% of answer tokens, {:.2f}% of whole "
@@ -206,7 +222,7 @@ int train_main(int argc, char** argv) {
                                100 * acc.token_accuracy, 100 * acc.sequence_accuracy, acc.problems)
                 << std::endl;
     }
-    if (!a.save_final.empty()) safetensors::save(*model, a.save_final, gc.to_metadata());
+    if (rank == 0 && !a.save_final.empty()) safetensors::save(*model, a.save_final, gc.to_metadata());
   }
   comm->barrier()->wait();
   return 0;

@@ -21,7 +21,6 @@
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
 
-#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -29,16 +28,12 @@
 
 #include "dscpp/comm.h"
 #include "dscpp/config.h"
+#include "dscpp/zero.h"
 
 namespace dscpp {
 
-namespace optim {
-class Optimizer;
-}
-class LRSchedule;
 namespace engine {
-class GradReducer;
-class LossScaler;
+class EngineImpl;
 }
 
 struct InitOptions {
@@ -51,6 +46,9 @@ struct InitOptions {
   // A client LR scheduler instead of the config's `scheduler` section; stepped after each
   // applied optimizer step.
   std::shared_ptr<torch::optim::LRScheduler> lr_scheduler;
+  // ZeRO stage 3: which submodules are units (include/dscpp/zero.h). Empty: the whole model is
+  // one unit. Ignored below stage 3.
+  zero::UnitPolicy zero_units;
 };
 
 // What happened at the last applied optimizer step (the GAS boundary).
@@ -72,12 +70,19 @@ struct MemoryStats {
   int64_t grads = 0;            // gradients held between steps (full buffer, or stage 2's shard)
   int64_t master = 0;           // fp32 master weights (mixed precision; fp32: the params are)
   int64_t optimizer_state = 0;  // this rank's optimizer state
-  int64_t staging = 0;          // stage 2's gradient staging buffers (contiguous_gradients)
+  int64_t staging = 0;          // stages 2-3's gradient staging buffers (contiguous_gradients)
+  // Stage 3: the most bytes of gathered unit parameters held at once so far (live units),
+  // beyond the model states.
+  int64_t gathered = 0;
   int64_t model_states() const { return params + grads + master + optimizer_state; }
 };
 
 class Engine {
  public:
+  // Builds the engine: checks that the config asks for nothing dscpp would not honour, resolves
+  // the batch sizes against the world size, lays the model's parameters out for the ZeRO stage,
+  // makes every rank start from rank 0's weights, and builds the optimizer and LR schedule.
+  // Throws ConfigError naming the key and what to do when the config or model cannot be used.
   Engine(std::shared_ptr<torch::nn::Module> model, Config config, InitOptions options = {});
   ~Engine();
   Engine(const Engine&) = delete;
@@ -104,7 +109,8 @@ class Engine {
 
   // RAII scope in which backward() does not average gradients over ranks, even at a boundary
   // (DDP's no_sync). Calling step() at a boundary inside it is an error, as in DeepSpeed; a
-  // boundary backward inside it followed by step() outside averages at the step.
+  // boundary backward inside it followed by step() outside averages at the step. Refused at
+  // ZeRO stage 2, whose gradients are partitioned as backward runs (DeepSpeed's rule).
   class NoSync {
    public:
     explicit NoSync(Engine& e);
@@ -120,90 +126,31 @@ class Engine {
   // Bytes this rank holds for the model states (see MemoryStats).
   MemoryStats memory_stats();
   // fp16: optimizer steps skipped because the gradients overflowed.
-  int64_t skipped_steps() const { return skipped_steps_; }
+  int64_t skipped_steps() const;
   // fp16: the loss scale in force (1 without fp16).
   double loss_scale() const;
 
   // True when the next backward()/step() completes an accumulation window.
   bool is_gradient_accumulation_boundary() const;
-  int64_t global_steps() const { return global_steps_; }
-  int64_t micro_steps() const { return micro_steps_; }
-  int64_t global_samples() const { return global_steps_ * config_.batch.train_batch_size; }
+  int64_t global_steps() const;
+  int64_t micro_steps() const;
+  int64_t global_samples() const;
   double get_lr() const;
-  int train_batch_size() const { return config_.batch.train_batch_size; }
-  int train_micro_batch_size_per_gpu() const { return config_.batch.train_micro_batch_size_per_gpu; }
-  int gradient_accumulation_steps() const { return config_.batch.gradient_accumulation_steps; }
-  const StepStats& last_step() const { return last_step_; }
-  const Config& config() const { return config_; }
-  comm::Communicator& communicator() { return *comm_; }
-  int rank() const { return comm_->rank(); }
-  int world_size() const { return comm_->world_size(); }
-  torch::nn::Module& module() { return *model_; }
+  int train_batch_size() const;
+  int train_micro_batch_size_per_gpu() const;
+  int gradient_accumulation_steps() const;
+  const StepStats& last_step() const;
+  const Config& config() const;
+  comm::Communicator& communicator();
+  int rank() const;
+  int world_size() const;
+  torch::nn::Module& module();
 
   // Tokens per sample, so the step log can show tokens/s (0: not shown).
-  void set_tokens_per_sample(int64_t tokens) { tokens_per_sample_ = tokens; }
+  void set_tokens_per_sample(int64_t tokens);
 
  private:
-  // The gradients to step on (averaged over ranks), and the window's statistics over all ranks.
-  struct Reduced {
-    at::Tensor grads;  // in the training dtype; stage 0: everything; stages 1-2: this rank's shard
-    double loss_sum = 0, micro_batches = 0;
-    double grad_sq_norm = 0;  // of the averaged gradient (stages 1-2: summed over the shards)
-    std::string nonfinite_ranks;  // ranks that saw a non-finite loss, "0,2"
-    std::string failed_ranks;     // ranks whose backward() threw before its gradients were done
-  };
-  // This rank's window flags for the statistics: 1 non-finite loss, 2 failed backward.
-  int window_flags() const;
-  Reduced reduce_window();
-  // Sums this rank's window statistics (and `shard_sq_norm`) over ranks into `r`.
-  void reduce_stats(Reduced& r, double shard_sq_norm);
-  // fp16 overflow: drops the window, lowers the loss scale (or throws at the minimum).
-  void skip_step(double loss, double lr);
-  // Stage 1: all-gathers the updated shards into every rank's parameters.
-  void gather_params();
-  // The boundary's update: reduce, check, clip, optimizer, gather (see step()). On a
-  // non-finite loss or gradient it drops the window's gradients and throws.
-  void apply_step();
-  // Zeroes the gradients and resets the window's counters and timers.
-  void abandon_window();
-  // Writes this rank's window statistics where the gradient all-reduce sums them.
-  void write_side_channel();
-  void log_step() const;
-
-  std::shared_ptr<torch::nn::Module> model_;
-  Config config_;
-  std::shared_ptr<comm::Communicator> comm_;
-  std::unique_ptr<engine::GradReducer> reducer_;
-  std::unique_ptr<optim::Optimizer> optimizer_;
-  std::unique_ptr<LRSchedule> lr_schedule_;
-  std::shared_ptr<torch::optim::Optimizer> client_optimizer_;
-  std::shared_ptr<torch::optim::LRScheduler> client_lr_scheduler_;
-
-  int64_t micro_steps_ = 0;
-  int64_t global_steps_ = 0;
-  int64_t window_micro_steps_ = 0;  // micro-steps backpropagated in the current window
-  double window_loss_sum_ = 0;      // sum of this rank's micro-batch losses in the window
-  int window_nonfinite_ = 0;        // of which non-finite
-  bool window_failed_ = false;      // a backward threw before its gradients were complete
-  bool window_reduced_ = false;     // the boundary backward averaged gradients over ranks
-  int stage_ = 0;                   // zero_optimization.stage
-  at::ScalarType dtype_ = at::kFloat;  // training dtype of parameters and gradients
-  int64_t shard_offset_ = 0;        // this rank's shard of the flat buffer (stages 1-2)
-  int64_t shard_numel_ = 0;
-  int64_t allgather_bucket_size_ = 0;  // in force (NOTE [bucket cap])
-  at::Tensor grad_shard_;           // [shard_numel] this rank's averaged gradients (stages 1-2)
-  // fp32 weights the optimizer updates: [shard_numel] (stage 0: all). In fp32 a view of the
-  // parameters; under mixed precision a buffer of its own, cast into the parameters after each
-  // step.
-  at::Tensor master_;
-  std::unique_ptr<engine::LossScaler> scaler_;  // fp16 only
-  int64_t skipped_steps_ = 0;
-  int no_sync_depth_ = 0;
-  int64_t tokens_per_sample_ = 0;
-  std::chrono::steady_clock::time_point window_start_;
-  // wall_clock_breakdown: seconds in the current window.
-  double t_backward_ = 0, t_reduce_wait_ = 0, t_optimizer_ = 0;
-  StepStats last_step_;
+  std::unique_ptr<engine::EngineImpl> impl_;
 };
 
 // Parses the config (file path or JSON text), joins the job and builds the engine.

@@ -1,4 +1,7 @@
-# Sources of src/engine, appended to the dscpp library.
+# Sources of src/engine (set-up, the step's order of events, what is supported), appended to the
+# dscpp library.
 target_sources(dscpp PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/engine.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/grad_reducer.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/setup.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/step.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/check_supported.cpp)

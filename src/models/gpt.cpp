@@ -12,6 +12,7 @@
 #include <mutex>
 
 #include "dscpp/error.h"
+#include "dscpp/zero.h"
 
 namespace dscpp::models {
 namespace {
@@ -206,12 +207,22 @@ at::Tensor GPTImpl::forward(const at::Tensor& idx) {
                 ", ", hi, "], outside [0, vocab_size=", config_.vocab_size,
                 "). HINT: the data's vocabulary is larger than the model's vocab_size.");
   }
-  auto pos = at::arange(t, idx.options());         // [T]
-  auto x = wte->forward(idx) + wpe->forward(pos);  // [B, T, C]
-  for (const auto& block : *h) x = block->as<BlockImpl>()->forward(x);
+  // Each unit runs through zero::call (a plain call below ZeRO stage 3): wte twice, as the
+  // embedding and as the tied output projection, and each block.
+  auto pos = at::arange(t, idx.options());  // [T]
+  auto embed = zero::call(*wte, [this](const at::Tensor& i) { return wte->forward(i); }, idx);
+  auto x = embed + wpe->forward(pos);  // [B, T, C]
+  for (const auto& block : *h) {
+    // The holder is captured by value: zero::checkpoint keeps fn until backward.
+    auto b = std::dynamic_pointer_cast<BlockImpl>(block);
+    auto run = [b](const at::Tensor& y) { return b->forward(y); };
+    x = checkpoint_blocks_ ? zero::checkpoint(*b, run, x) : zero::call(*b, run, x);
+  }
   x = ln_f->forward(x);
   // Tied output projection: logits = x @ wte^T.
-  auto logits = torch::nn::functional::linear(x, wte->weight);  // [B, T, V]
+  auto logits = zero::call(
+      *wte, [this](const at::Tensor& y) { return torch::nn::functional::linear(y, wte->weight); },
+      x);  // [B, T, V]
   return logits.to(at::kFloat);
 }
 

@@ -15,6 +15,8 @@
 #include <torch/optim/sgd.h>
 
 #include "dscpp/engine.h"
+#include "support/errors.h"
+#include "support/thread_ranks.h"
 
 namespace dscpp::enginetest {
 namespace {  // each test source its own copy
@@ -36,6 +38,29 @@ struct NetImpl : torch::nn::Module {
   torch::nn::Linear fc1{nullptr}, fc2{nullptr}, branch{nullptr};
 };
 TORCH_MODULE(Net);
+
+// A net registered against the order backward reaches it: its last layer is registered first,
+// so that layer's gradients (the first to arrive) belong to the last bucket to launch.
+struct ReversedNetImpl : torch::nn::Module {
+  ReversedNetImpl() {
+    out = register_module("out", torch::nn::Linear(16, 4));
+    mid = register_module("mid", torch::nn::Linear(16, 16));
+    in = register_module("in", torch::nn::Linear(8, 16));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    return out->forward(at::tanh(mid->forward(at::tanh(in->forward(x)))));
+  }
+  torch::nn::Linear out{nullptr}, mid{nullptr}, in{nullptr};
+};
+TORCH_MODULE(ReversedNet);
+
+// The same ReversedNet on every rank thread (the threads share the global generator).
+ReversedNet make_reversed_net() {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> g(mu);
+  at::manual_seed(7);
+  return ReversedNet();
+}
 
 // InitOptions with the test's communicator (owned by the rank thread, not the engine).
 InitOptions borrowed(Communicator& c) {
@@ -130,6 +155,17 @@ void expect_same(const Trajectory& a, const Trajectory& ref, double rtol, const 
 struct Case {
   int world, gas;
 };
+
+const std::string kAdamW = ", \"gradient_clipping\": 0.05, \"optimizer\": {\"type\": \"AdamW\", "
+                           "\"params\": {\"lr\": 0.01, \"weight_decay\": 0.1}}";
+
+// Runs train_cfg on `world` thread ranks; one trajectory per rank.
+std::vector<Trajectory> run_ranks(int world, int steps, const std::string& cfg) {
+  std::vector<Trajectory> out(world);
+  auto errors = testing::run_thread_ranks(world, [&](Communicator& c) { out[c.rank()] = train_cfg(c, steps, cfg); });
+  for (auto& e : errors) EXPECT_FALSE(e) << cfg << ": " << testing::error_text(e);
+  return out;
+}
 
 }  // namespace
 }  // namespace dscpp::enginetest

@@ -78,12 +78,18 @@ TEST(TrainEquivalence, WorldSizesAndGasReproduceTheSingleProcessRun) {
   const int B = 24, steps = 8;
   auto run = [&](int world, int gas, int stage = 0) {
     std::string tag = "w" + std::to_string(world) + "g" + std::to_string(gas) + "s" + std::to_string(stage);
-    // Stage 2 with overlapped reductions in buckets of about a quarter of the model.
-    const std::string zero = stage == 2 ? ", \"overlap_comm\": true, \"reduce_bucket_size\": 8000" : "";
+    // Stage 2 with overlapped reductions in buckets of about a quarter of the model; stage 3
+    // with almost every parameter sharded, units released after each use, and (world 3) the
+    // blocks recomputed in backward.
+    const std::string zero =
+        stage == 2   ? ", \"overlap_comm\": true, \"reduce_bucket_size\": 8000"
+        : stage == 3 ? ", \"stage3_param_persistence_threshold\": 100, \"stage3_max_reuse_distance\": 0"
+                     : "";
+    const std::string recompute = stage == 3 && world == 3 ? " --checkpoint_activations" : "";
     write(dir.file(tag + ".json"), config(B, B / (world * gas), stage, "", zero));
     auto r = run_command(kCli + " launch --num_procs " + std::to_string(world) + " --master_port " +
                          std::to_string(free_port()) + " " + kCli + " train --config " +
-                         dir.file(tag + ".json") + kModelArgs + " --no_shuffle --steps " +
+                         dir.file(tag + ".json") + kModelArgs + recompute + " --no_shuffle --steps " +
                          std::to_string(steps) + " --init " + dir.file("init.safetensors") +
                          " --metrics " + dir.file(tag + ".jsonl") + " --save_final " +
                          dir.file(tag + ".safetensors"));
@@ -96,7 +102,8 @@ TEST(TrainEquivalence, WorldSizesAndGasReproduceTheSingleProcessRun) {
   // {world, gas, ZeRO stage}
   for (auto [world, gas, stage] : std::vector<std::tuple<int, int, int>>{
            {1, 2, 0}, {1, 4, 0}, {2, 1, 0}, {2, 2, 0}, {2, 4, 0}, {3, 1, 0}, {3, 2, 0}, {3, 4, 0},
-           {2, 2, 1}, {3, 1, 1}, {4, 2, 1}, {1, 2, 2}, {2, 2, 2}, {3, 1, 2}, {4, 1, 2}}) {
+           {2, 2, 1}, {3, 1, 1}, {4, 2, 1}, {1, 2, 2}, {2, 2, 2}, {3, 1, 2}, {4, 1, 2},
+           {2, 1, 3}, {3, 1, 3}, {4, 2, 3}}) {
     auto [losses, weights] = run(world, gas, stage);
     ASSERT_EQ(losses.size(), ref_losses.size()) << "world " << world << " gas " << gas;
     for (int s = 0; s < steps; ++s) {
@@ -161,7 +168,7 @@ TEST(Train, DefaultRunLearnsTheBuiltInTask) {
   EXPECT_LT(r.seconds, 180) << r.output;
 }
 
-// bf16 through the whole tool: every stage at 2 ranks learns and stays near the fp32 run.
+// bf16 through the whole tool: every stage (0-3) at 2 ranks learns and stays near the fp32 run.
 TEST(Train, Bf16TrainsAtEveryStageNearTheFp32Run) {
   TempDir dir;
   const int steps = 8;
@@ -175,7 +182,7 @@ TEST(Train, Bf16TrainsAtEveryStageNearTheFp32Run) {
   };
   auto fp32 = run("fp32", config(8, 4));
   ASSERT_EQ(fp32.size(), static_cast<size_t>(steps));
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     auto bf16 = run("bf16s" + std::to_string(stage), config(8, 4, stage, ", \"bf16\": {\"enabled\": true}"));
     ASSERT_EQ(bf16.size(), fp32.size());
     EXPECT_LT(bf16.back(), bf16.front()) << "stage " << stage;

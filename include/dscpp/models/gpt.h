@@ -17,6 +17,8 @@
 #include <map>
 #include <string>
 
+#include "dscpp/zero.h"
+
 namespace dscpp::models {
 
 struct GPTConfig {
@@ -115,6 +117,14 @@ class GPTImpl : public torch::nn::Module {
 
   const GPTConfig& config() const { return config_; }
 
+  // ZeRO stage-3 units: the token embedding (used twice: by the embedding and by the tied output
+  // projection) and each block. forward() runs them through dscpp::zero::call, a plain call
+  // below stage 3.
+  static zero::UnitPolicy zero_units() { return zero::UnitPolicy{{"wte", "h.*"}}; }
+  // Recompute each block in backward instead of keeping its activations (dscpp::zero::checkpoint;
+  // DeepSpeed's activation checkpointing). Off by default.
+  void set_activation_checkpointing(bool on) { checkpoint_blocks_ = on; }
+
   torch::nn::Embedding wte{nullptr};  // [V, C], also the output projection (tied)
   torch::nn::Embedding wpe{nullptr};  // [block_size, C]
   torch::nn::ModuleList h{nullptr};   // n_layer Blocks, "h.0" ... "h.{L-1}"
@@ -122,6 +132,7 @@ class GPTImpl : public torch::nn::Module {
 
  private:
   GPTConfig config_;
+  bool checkpoint_blocks_ = false;
 };
 TORCH_MODULE(GPT);
 

@@ -2,7 +2,7 @@
 // sequence was worked out by hand from DeepSpeed's DynamicLossScaler.update_scale
 // (deepspeed/runtime/fp16/loss_scaler.py). In a pattern 'o' is an overflowed (skipped) step
 // and '.' a clean one; run() returns the scale after each update.
-#include "engine/loss_scaler.h"
+#include "precision/loss_scaler.h"
 
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@
 #include "dscpp/error.h"
 #include "support/errors.h"
 
-namespace dscpp::engine {
+namespace dscpp::precision {
 namespace {
 
 using dscpp::testing::error_of;
@@ -325,4 +325,4 @@ TEST(LossScaler, RejectsOutOfRangeOptions) {
 }
 
 }  // namespace
-}  // namespace dscpp::engine
+}  // namespace dscpp::precision

@@ -33,7 +33,7 @@
 
 #include "dscpp/config.h"
 
-namespace dscpp::engine {
+namespace dscpp::precision {
 
 struct LossScalerOptions {
   // > 0: a fixed loss scale (fp16.loss_scale); the fields below are then unused.
@@ -113,4 +113,4 @@ class LossScaler {
   int64_t overflows_ = 0;
 };
 
-}  // namespace dscpp::engine
+}  // namespace dscpp::precision

@@ -1,5 +1,5 @@
 // LossScaler: the static and dynamic fp16 loss scale (see loss_scaler.h for the state machine).
-#include "engine/loss_scaler.h"
+#include "precision/loss_scaler.h"
 
 #include <algorithm>
 #include <charconv>
@@ -8,7 +8,7 @@
 
 #include "dscpp/error.h"
 
-namespace dscpp::engine {
+namespace dscpp::precision {
 namespace {
 
 // The shortest text that reads back as `x`: 65536, 4294967296, 0.25.
@@ -137,4 +137,4 @@ std::string LossScaler::describe() const {
   return out;
 }
 
-}  // namespace dscpp::engine
+}  // namespace dscpp::precision

@@ -1,0 +1,117 @@
+// ZeRO stage 3 in a model's own code: where its units run, and how to touch whole parameters.
+//
+// At stage 3 a model's parameters are sharded over the ranks and a unit's full parameters exist
+// only while the unit runs. libtorch's modules have no forward hooks, so the model marks where a
+// unit runs:
+//
+//   x = dscpp::zero::call(*block, [&](const at::Tensor& h) { return block->forward(h); }, x);
+//
+// At stage 3 call() gathers the unit's parameters (or waits for the prefetch already under way),
+// runs fn, releases them, and arranges for backward to gather them again before the unit's
+// gradients are computed and to reduce-scatter those gradients into this rank's shard. Below
+// stage 3, before the engine exists and after it is gone, call() is just fn(inputs...), so one
+// model source serves every stage. docs/zero.md ("Stage 3") describes the design.
+//
+// Which submodules are units is a UnitPolicy: module paths as named_modules() spells them
+// ("h.0"), matched by globs ("h.*"). It is given to dscpp::initialize through
+// InitOptions::zero_units; a model with no policy is one unit.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace torch::nn {
+class Module;
+}
+
+namespace dscpp::zero {
+
+// Which submodules are stage-3 units. `paths` are globs over module paths ('*' matches any run of
+// characters, '?' one character); a module whose path matches is a unit, with every parameter of
+// its subtree that no earlier unit claimed. Modules inside a unit are not units themselves.
+struct UnitPolicy {
+  std::vector<std::string> paths;
+  bool empty() const { return paths.empty(); }
+};
+
+namespace detail {
+using UnitFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+// Runs `fn` as unit `unit` (see call()); `recompute`: checkpoint().
+std::vector<at::Tensor> run_unit(torch::nn::Module& unit, const UnitFn& fn,
+                                 const std::vector<at::Tensor>& inputs, bool recompute);
+// checkpoint()'s autograd function over `inputs` (owner, index: the stage-3 unit, or 0, -1).
+std::vector<at::Tensor> checkpoint_apply(torch::nn::Module& unit, const UnitFn& fn,
+                                         const std::vector<at::Tensor>& inputs, int64_t owner,
+                                         int64_t index);
+
+template <typename Fn, std::size_t... I>
+at::Tensor invoke_unpacked(Fn& fn, const std::vector<at::Tensor>& in, std::index_sequence<I...>) {
+  return fn(in[I]...);
+}
+
+template <typename Fn, typename... Ts>
+at::Tensor run_one(torch::nn::Module& unit, Fn& fn, bool recompute, const Ts&... inputs) {
+  static_assert((std::is_convertible_v<const Ts&, const at::Tensor&> && ...),
+                "dscpp::zero::call takes tensors after fn; capture other arguments in fn");
+  UnitFn f;
+  if (recompute) {  // kept until backward: a copy of fn
+    f = [fn](const std::vector<at::Tensor>& in) mutable {
+      return std::vector<at::Tensor>{invoke_unpacked(fn, in, std::index_sequence_for<Ts...>{})};
+    };
+  } else {
+    f = [&fn](const std::vector<at::Tensor>& in) {
+      return std::vector<at::Tensor>{invoke_unpacked(fn, in, std::index_sequence_for<Ts...>{})};
+    };
+  }
+  return run_unit(unit, f, std::vector<at::Tensor>{inputs...}, recompute)[0];
+}
+}  // namespace detail
+
+// Runs fn(inputs...) as unit `unit` and returns its result (see the top of this file). Throws
+// dscpp::Error naming the module when `unit` lies inside a unit (call the unit itself) or when
+// units are nested.
+template <typename Fn, typename... Ts>
+at::Tensor call(torch::nn::Module& unit, Fn&& fn, const Ts&... inputs) {
+  return detail::run_one(unit, fn, /*recompute=*/false, inputs...);
+}
+
+// As call(), but keeps no activations inside the unit: backward gathers the unit again, runs fn a
+// second time with autograd on, and backpropagates through that (DeepSpeed's activation
+// checkpointing). fn must compute the same thing both times, and is kept (copied) until
+// backward: capture by value what it needs. Below stage 3 it still recomputes.
+template <typename Fn, typename... Ts>
+at::Tensor checkpoint(torch::nn::Module& unit, Fn&& fn, const Ts&... inputs) {
+  return detail::run_one(unit, fn, /*recompute=*/true, inputs...);
+}
+
+// RAII scope in which every parameter of `module` (its subtree) is whole on every rank
+// (DeepSpeed's GatheredParameters): at stage 3 it gathers the units holding them. A collective:
+// every rank opens and closes the scope at the same point. With `modifier_rank`, the values that
+// rank holds when the scope closes are written back into every rank's shards (and fp32 master
+// weights), so a change made there (an initialisation, a surgery) is what trains on. Below stage
+// 3 it does nothing, as in DeepSpeed: the parameters are whole already, and a change made on one
+// rank stays on that rank. Scopes nest; one cannot be opened while a unit runs (dscpp::Error
+// naming the unit), and they must close in reverse order of opening (a scope closed out of order
+// writes nothing back, and the next zero::call, scope or backward throws dscpp::Error saying so).
+class GatheredParameters {
+ public:
+  explicit GatheredParameters(torch::nn::Module& module,
+                              std::optional<int> modifier_rank = std::nullopt);
+  ~GatheredParameters() noexcept(false);
+  GatheredParameters(const GatheredParameters&) = delete;
+  GatheredParameters& operator=(const GatheredParameters&) = delete;
+
+ private:
+  int64_t owner_ = 0;  // the stage-3 engine's registry id; 0 below stage 3
+  int scope_ = -1;
+};
+
+}  // namespace dscpp::zero

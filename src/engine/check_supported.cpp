@@ -1,0 +1,118 @@
+// Implements check_supported (check_supported.h): one entry per decision, in the order a user
+// reads a config.
+#include "engine/check_supported.h"
+
+#include "dscpp/error.h"
+
+namespace dscpp::engine {
+
+std::vector<std::string> check_supported(const Config& c, const SupportContext& ctx) {
+  std::vector<std::string> warnings;
+  const auto& z = c.zero_optimization;
+  const int stage = z.stage;
+  const bool mixed = c.bf16.enabled || c.fp16.enabled;
+  const std::string dtype = c.bf16.enabled ? "bf16" : c.fp16.enabled ? "fp16" : "fp32";
+
+  // ----- ZeRO stage
+
+  // ----- optimizer: a client optimizer, and the config's under ZeRO
+  DSCPP_CHECK(!(stage > 0 && ctx.client_optimizer && !c.zero_allow_untested_optimizer), ConfigError,
+              "You are using an untested ZeRO Optimizer. Please add "
+              "<\"zero_allow_untested_optimizer\": true> in the configuration file to use it. "
+              "(DeepSpeed's rule: a client optimizer with ZeRO stage ",
+              stage, ")");
+  DSCPP_CHECK(!(stage > 0 && ctx.client_optimizer), ConfigError,
+              "a client optimizer with ZeRO stage ", stage,
+              " is not implemented yet: ZeRO runs "
+              "dscpp's own optimizer on each rank's shard. HINT: describe the optimizer in the "
+              "config's optimizer section");
+  DSCPP_CHECK(!(mixed && ctx.client_optimizer), ConfigError, "a client optimizer with ", dtype,
+              " is not implemented: mixed precision keeps fp32 master weights that only dscpp's "
+              "own optimizers update. HINT: describe the optimizer in the config's optimizer "
+              "section, or train in fp32");
+  DSCPP_CHECK(!(stage > 0 && c.optimizer.type == "Lamb"), ConfigError,
+              "the Lamb optimizer needs per-parameter norms across shards and is not "
+              "supported with ZeRO stage ",
+              stage, ". HINT: use stage 0, or Adam/AdamW");
+
+  // ----- precision and communication
+  DSCPP_CHECK(!(c.fp16.enabled && c.fp16.auto_cast), ConfigError,
+              "fp16.auto_cast is not implemented: dscpp does not cast the model's inputs. HINT: "
+              "set fp16.auto_cast to false and pass inputs in fp16 (or integer token ids)");
+  if (c.communication_data_type) {
+    DSCPP_CHECK(*c.communication_data_type == dtype, ConfigError, "communication_data_type \"",
+                *c.communication_data_type,
+                "\" is not implemented: gradients are reduced in "
+                "the training dtype (",
+                dtype,
+                "). HINT: remove communication_data_type or set "
+                "it to \"",
+                dtype, "\"");
+  }
+
+  // ----- offload (stage 0 ignores it, as DeepSpeed does: the config parser says so)
+  DSCPP_CHECK(stage == 0 || z.offload_optimizer.device == "none", ConfigError,
+              "zero_optimization.offload_optimizer.device \"", z.offload_optimizer.device,
+              "\" is not implemented yet: the optimizer state stays in the training device's "
+              "memory. HINT: remove offload_optimizer (ZeRO stage ",
+              stage,
+              " already keeps only "
+              "this rank's shard of it)");
+  DSCPP_CHECK(stage != 3 || z.offload_param.device == "none", ConfigError,
+              "zero_optimization.offload_param.device \"", z.offload_param.device,
+              "\" is not implemented yet: stage 3 keeps each rank's parameter shard in the "
+              "training device's memory. HINT: remove offload_param");
+  if (!z.allgather_partitions) {
+    warnings.push_back(
+        "zero_optimization.allgather_partitions false: dscpp always all-gathers "
+        "the updated shards (DeepSpeed would broadcast them one by one); the "
+        "result is the same");
+  }
+
+  // ----- activation checkpointing: dscpp has no checkpointed-activation API for these to act on
+  const auto& ac = c.activation_checkpointing;
+  auto ac_refused = [&](bool set, const char* key, const char* what) {
+    DSCPP_CHECK(!set, ConfigError, "activation_checkpointing.", key, " is not implemented: ", what,
+                ". HINT: remove it from the config");
+  };
+  ac_refused(ac.partition_activations, "partition_activations",
+             "checkpointed activations are not partitioned across model-parallel ranks");
+  ac_refused(ac.cpu_checkpointing, "cpu_checkpointing",
+             "checkpointed activations are not moved to CPU memory");
+  ac_refused(ac.contiguous_memory_optimization, "contiguous_memory_optimization",
+             "checkpointed activations are not copied into one buffer");
+  ac_refused(ac.number_checkpoints.has_value(), "number_checkpoints",
+             "it only sizes contiguous_memory_optimization's buffer");
+  ac_refused(ac.synchronize_checkpoint_boundary, "synchronize_checkpoint_boundary",
+             "there is no checkpoint boundary to synchronize");
+  if (ac.profile) {
+    warnings.push_back("activation_checkpointing.profile is not implemented: nothing is timed");
+  }
+
+  // ----- checkpoints: not written or read by this dscpp yet
+  const auto& ck = c.checkpoint;
+  auto ck_refused = [&](bool set, const std::string& key) {
+    DSCPP_CHECK(!set, ConfigError, "checkpoint.", key,
+                " is not implemented: this dscpp does "
+                "not save or load checkpoints yet. HINT: remove it from the config");
+  };
+  ck_refused(ck.tag_validation != "Warn", "tag_validation \"" + ck.tag_validation + "\"");
+  ck_refused(ck.load_universal, "load_universal");
+  ck_refused(ck.use_node_local_storage, "use_node_local_storage");
+  ck_refused(ck.parallel_write.pipeline_stage, "parallel_write.pipeline_stage");
+
+  // ----- observers: accepted, said once
+  auto observer = [&](bool enabled, const std::string& what) {
+    if (enabled)
+      warnings.push_back(what +
+                         " is not implemented yet and is ignored: training runs "
+                         "as configured, without it");
+  };
+  observer(c.csv_monitor.enabled, "csv_monitor.enabled");
+  observer(c.tensorboard.enabled, "tensorboard.enabled");
+  observer(c.wandb.enabled, "wandb.enabled");
+  observer(c.flops_profiler.enabled, "flops_profiler.enabled");
+  return warnings;
+}
+
+}  // namespace dscpp::engine

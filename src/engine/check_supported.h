@@ -1,0 +1,26 @@
+// check_supported: every decision about what this dscpp does not do, in one list, run before the
+// engine builds anything. A setting dscpp would not honour and that would change what is trained
+// or how much memory it takes (a stage, offload, activation checkpointing, a checkpoint format)
+// is a ConfigError that names the key and says what to do; one that only observes (a monitor, a
+// profiler) is a warning logged once at start-up, so nothing is ever accepted in silence.
+// docs/config.md lists the decisions.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "dscpp/config.h"
+
+namespace dscpp::engine {
+
+// What the engine was given besides the config.
+struct SupportContext {
+  bool client_optimizer = false;
+  bool client_lr_scheduler = false;
+};
+
+// Throws ConfigError for the first setting that is refused. Returns the warnings (also logged on
+// rank 0 by the caller) for settings that are accepted but not acted on.
+std::vector<std::string> check_supported(const Config& config, const SupportContext& context);
+
+}  // namespace dscpp::engine

@@ -1,0 +1,115 @@
+// EngineImpl: the state behind dscpp::Engine and the order of events of a training step.
+//   setup.cpp   the constructor's steps, in order (check_supported, resolve the batch, lay out
+//               the parameters for the ZeRO stage, start every rank from rank 0's weights, build
+//               the optimizer and LR schedule)
+//   step.cpp    backward(), step(), flush_accumulation(): the step's order of events
+// The ZeRO stage itself is a zero::Strategy (src/zero/strategy.h); mixed precision's master
+// weights and loss scaler live in src/precision/.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "dscpp/engine.h"
+#include "dscpp/lr_schedule.h"
+#include "dscpp/optim.h"
+#include "precision/loss_scaler.h"
+#include "precision/master_weights.h"
+#include "zero/strategy.h"
+
+namespace dscpp::engine {
+
+class EngineImpl {
+ public:
+  EngineImpl(std::shared_ptr<torch::nn::Module> model, Config config, InitOptions options);
+  ~EngineImpl();
+
+  void backward(const at::Tensor& loss);
+  void step();
+  void flush_accumulation();
+  void enter_no_sync();
+  void leave_no_sync() { --no_sync_depth_; }
+  MemoryStats memory_stats();
+  bool is_gradient_accumulation_boundary() const;
+  double get_lr() const;
+  double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
+  int gradient_accumulation_steps() const { return config_.batch.gradient_accumulation_steps; }
+  int train_batch_size() const { return config_.batch.train_batch_size; }
+
+  std::shared_ptr<torch::nn::Module> model_;
+  Config config_;
+  std::shared_ptr<comm::Communicator> comm_;
+  int64_t micro_steps_ = 0;
+  int64_t global_steps_ = 0;
+  int64_t skipped_steps_ = 0;
+  int64_t tokens_per_sample_ = 0;
+  StepStats last_step_;
+
+ private:
+  // ----- set-up steps (setup.cpp), in the order the constructor runs them
+  void resolve_batch();
+  void choose_precision();
+  // Lays the trainable parameters out for the stage (the strategy), taking the fp32 master
+  // weights on the way under mixed precision.
+  void build_strategy();
+  // Every rank starts from rank 0's weights, frozen parameters and buffers.
+  void broadcast_initial_state(bool trainable_broadcast_done);
+  void cast_the_rest();
+  void build_optimizer();
+  void dump_state() const;
+
+  // ----- the step (step.cpp)
+  // The gradients to step on (averaged over ranks), and the window's statistics over all ranks.
+  struct Reduced {
+    std::vector<zero::Part> parts;  // this rank's part, in the training dtype
+    double loss_sum = 0, micro_batches = 0;
+    double grad_sq_norm = 0;      // of the averaged gradient, summed over every rank's part
+    std::string nonfinite_ranks;  // ranks that saw a non-finite loss, "0,2"
+    std::string failed_ranks;     // ranks whose backward() threw before its gradients were done
+  };
+  // This rank's window flags for the statistics: 1 non-finite loss, 2 failed backward.
+  int window_flags() const;
+  Reduced reduce_window();
+  // Sums this rank's window statistics (and `part_sq_norm`) over ranks into `r`.
+  void reduce_stats(Reduced& r, double part_sq_norm);
+  // fp16 overflow: drops the window, lowers the loss scale (or throws at the minimum).
+  void skip_step(double loss, double lr);
+  // The boundary's update: reduce, check, clip, optimizer, publish (see step()). On a
+  // non-finite loss or gradient it drops the window's gradients and throws.
+  void apply_step();
+  // Runs the optimizer on this rank's part, a piece at a time.
+  void run_optimizer(const Reduced& red, double unscale, double clip_coef, double lr);
+  // Zeroes the gradients and resets the window's counters and timers.
+  void abandon_window();
+  // Writes this rank's window statistics where the gradient all-reduce sums them.
+  void write_side_channel();
+  void log_step() const;
+
+  std::unique_ptr<zero::Strategy> strategy_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<LRSchedule> lr_schedule_;
+  std::shared_ptr<torch::optim::Optimizer> client_optimizer_;
+  std::shared_ptr<torch::optim::LRScheduler> client_lr_scheduler_;
+  zero::UnitPolicy zero_units_;
+  at::ScalarType dtype_ = at::kFloat;  // training dtype of parameters and gradients
+  // fp32 weights the optimizer updates under mixed precision (this rank's part); null in fp32,
+  // where the parameters themselves are.
+  std::unique_ptr<precision::MasterWeights> master_;
+  std::unique_ptr<precision::LossScaler> scaler_;  // fp16 only
+
+  int64_t window_micro_steps_ = 0;  // micro-steps backpropagated in the current window
+  double window_loss_sum_ = 0;      // sum of this rank's micro-batch losses in the window
+  int window_nonfinite_ = 0;        // of which non-finite
+  bool window_failed_ = false;      // a backward threw before its gradients were complete
+  bool window_reduced_ = false;     // the boundary backward averaged gradients over ranks
+  int no_sync_depth_ = 0;
+  std::chrono::steady_clock::time_point window_start_;
+  // wall_clock_breakdown: seconds in the current window.
+  double t_backward_ = 0, t_reduce_wait_ = 0, t_optimizer_ = 0;
+  zero::Strategy::FetchStats fetch_;  // stage 3: this window's parameter gathers
+};
+
+}  // namespace dscpp::engine

@@ -1,0 +1,217 @@
+// The engine's set-up: EngineImpl's constructor runs these steps in order.
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include "dscpp/error.h"
+#include "engine/check_supported.h"
+#include "engine/engine_impl.h"
+#include "util/log.h"
+#include "zero/reducer.h"
+#include "zero/stage3.h"
+
+namespace dscpp::engine {
+
+EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> model, Config config, InitOptions options)
+    : model_(std::move(model)),
+      config_(std::move(config)),
+      comm_(options.comm),
+      client_optimizer_(std::move(options.optimizer)),
+      client_lr_scheduler_(std::move(options.lr_scheduler)),
+      zero_units_(std::move(options.zero_units)) {
+  DSCPP_CHECK(model_, ConfigError, "initialize() was given a null model");
+  SupportContext support{client_optimizer_ != nullptr, client_lr_scheduler_ != nullptr};
+  std::vector<std::string> ignored = check_supported(config_, support);
+  if (!comm_) comm_ = comm::init_from_env(comm::CommOptions::from_config(&config_));
+  if (comm_->rank() == 0) {
+    for (const auto& w : ignored) DSCPP_LOG_WARN("{}", w);
+  }
+  resolve_batch();
+  choose_precision();
+  build_strategy();
+  cast_the_rest();
+  build_optimizer();
+  if (config_.dump_state) dump_state();
+  window_start_ = std::chrono::steady_clock::now();
+}
+
+EngineImpl::~EngineImpl() = default;
+
+void EngineImpl::resolve_batch() {
+  ProcessEnv pe = detect_process_env();
+  config_.resolve_batch(comm_->world_size(), comm_->world_size() == pe.world_size
+                                                 ? pe.source
+                                                 : "the communicator passed to initialize()");
+  if (comm_->rank() == 0) {
+    DSCPP_LOG_INFO("resolved config (values in force):\n{}", config_.describe());
+  }
+}
+
+void EngineImpl::choose_precision() {
+  if (config_.bf16.enabled) dtype_ = at::kBFloat16;
+  if (config_.fp16.enabled) dtype_ = at::kHalf;
+  if (config_.fp16.enabled) {
+    scaler_ = std::make_unique<precision::LossScaler>(
+        precision::LossScalerOptions::from_config(config_.fp16));
+  }
+}
+
+void EngineImpl::build_strategy() {
+  zero::NamedParams np = zero::trainable_parameters(*model_);
+  DSCPP_CHECK(!np.params.empty(), ConfigError,
+              "the model has no trainable parameters (requires_grad). HINT: nothing to train");
+  const int stage = config_.zero_optimization.stage;
+  const int world = comm_->world_size();
+  const bool mixed = dtype_ != at::kFloat;
+  const auto& zc = config_.zero_optimization;
+  const zero::FlatLayout layout = zero::FlatLayout::of(np.params, world);
+
+  // NOTE [bucket cap]: buckets above a sixteenth of the model help nothing.
+  zero::StrategyOptions so;
+  so.stage = stage;
+  so.reduce.dtype = dtype_;
+  so.reduce.reduce_bucket_size = zero::capped_bucket_size(zc.reduce_bucket_size, layout.numel);
+  so.reduce.prescale_gradients = config_.prescale_gradients;
+  so.reduce.gradient_predivide_factor = config_.gradient_predivide_factor;
+  so.reduce.overlap_comm = zc.overlap_comm;
+  so.reduce.contiguous_gradients = zc.contiguous_gradients;
+  so.reduce.reduce_scatter = zc.reduce_scatter;
+  so.allgather_bucket_size = zero::capped_bucket_size(zc.allgather_bucket_size, layout.numel);
+  // Stage 0 in fp32: the statistics ride in the gradient all-reduce (NOTE [side channel] in
+  // zero/all_reduce.h): [0] the window's loss sum, [1] its micro-steps, [2 + r] rank r's flags
+  // (window_flags()). Otherwise one small all-reduce at the boundary carries them.
+  so.side_channel = stage == 0 && !mixed ? 2 + world : 0;
+  std::string capped;
+  if (so.reduce.reduce_bucket_size < zc.reduce_bucket_size) {
+    capped = fmt::format("reduce_bucket_size {} -> {}", zc.reduce_bucket_size,
+                         so.reduce.reduce_bucket_size);
+  }
+  if (stage > 0 && so.allgather_bucket_size < zc.allgather_bucket_size) {
+    capped += fmt::format("{}allgather_bucket_size {} -> {}", capped.empty() ? "" : ", ",
+                          zc.allgather_bucket_size, so.allgather_bucket_size);
+  }
+  if (comm_->rank() == 0 && !capped.empty()) {
+    DSCPP_LOG_INFO(
+        "zero_optimization.{} elements: buckets are capped at 1/{} of the model's {} "
+        "trainable elements, since a larger one only delays the first reduction (and "
+        "at stage 2 enlarges the staging buffers); bucket sizes do not change what is "
+        "trained (docs/zero.md)",
+        capped, zero::kBucketsPerModel, layout.numel);
+  }
+
+  // Rank 0's fp32 values are every rank's before anything is cast or sharded (mixed precision,
+  // stage 3); otherwise the flat buffer is broadcast below. Under mixed precision they also
+  // become the master weights: this rank's part of them, taken parameter by parameter as the
+  // model is cast into its flat buffers.
+  const bool broadcast_first = mixed || stage == 3;
+  if (broadcast_first) {
+    std::vector<comm::WorkHandle> works;
+    for (auto& p : np.params) works.push_back(comm_->broadcast(p.detach(), 0));
+    for (auto& w : works) w->wait();
+  }
+  const auto param_options = np.params[0].options();
+  if (stage == 3) {
+    zero::Stage3Options s3;
+    s3.units = zero_units_;
+    s3.persistence_threshold = zc.stage3_param_persistence_threshold;
+    s3.prefetch_bucket_size = zc.stage3_prefetch_bucket_size;
+    s3.max_live_parameters = zc.stage3_max_live_parameters;
+    s3.max_reuse_distance = zc.stage3_max_reuse_distance;
+    s3.debug = comm::CommOptions::from_config(&config_).debug_sync;
+    zero::PartTapFactory make_tap;
+    if (mixed) {
+      make_tap = [this, param_options](int64_t part_numel) -> zero::PartTap {
+        master_ = std::make_unique<precision::MasterWeights>(part_numel, param_options);
+        return [m = master_.get()](int64_t off, const at::Tensor& v) { m->take(off, v); };
+      };
+    }
+    strategy_ = std::make_unique<zero::Stage3>(*model_, std::move(np), *comm_, so, s3, make_tap);
+  } else {
+    zero::FlattenTap tap;
+    if (mixed) {
+      const int64_t begin = stage == 0 ? 0 : layout.shard_offset(comm_->rank());
+      const int64_t len = stage == 0 ? layout.numel : layout.shard;
+      master_ = std::make_unique<precision::MasterWeights>(len, param_options);
+      tap = master_->tap(begin);
+    }
+    strategy_ = stage == 0 ? zero::make_stage0(std::move(np), layout, *comm_, so, tap)
+                           : zero::make_stage1_2(std::move(np), layout, *comm_, so, tap);
+  }
+  if (stage > 0 && stage < 3) {
+    DSCPP_LOG_INFO("ZeRO stage {}: {} parameters padded to {}, this rank updates [{}, {})", stage,
+                   layout.numel, layout.padded, strategy_->part_begin(),
+                   strategy_->part_begin() + strategy_->part_numel());
+  }
+  broadcast_initial_state(/*trainable_broadcast_done=*/broadcast_first);
+}
+
+void EngineImpl::broadcast_initial_state(bool trainable_broadcast_done) {
+  // Ranks start identical whatever their seeds: trainable parameters (mixed precision: done
+  // before the cast), frozen parameters and buffers from rank 0 (in fp32: Gloo cannot move every
+  // dtype).
+  std::vector<comm::WorkHandle> works;
+  if (!trainable_broadcast_done) works.push_back(comm_->broadcast(strategy_->flat_params(), 0));
+  for (auto& p : model_->parameters(/*recurse=*/true)) {
+    if (!p.requires_grad() && p.numel() > 0) works.push_back(comm_->broadcast(p.detach(), 0));
+  }
+  for (auto& b : model_->buffers(/*recurse=*/true)) {
+    if (b.defined() && b.numel() > 0) works.push_back(comm_->broadcast(b, 0));
+  }
+  for (auto& w : works) w->wait();
+}
+
+void EngineImpl::cast_the_rest() {
+  if (dtype_ == at::kFloat) return;
+  // Everything else the forward touches trains in the same dtype (DeepSpeed casts the whole
+  // module): frozen parameters and floating-point buffers.
+  at::NoGradGuard no_grad;
+  for (auto& p : model_->parameters(/*recurse=*/true)) {
+    if (!p.requires_grad() && p.is_floating_point()) p.set_data(p.detach().to(dtype_));
+  }
+  for (auto& b : model_->buffers(/*recurse=*/true)) {
+    if (b.defined() && b.is_floating_point()) b.set_data(b.detach().to(dtype_));
+  }
+}
+
+void EngineImpl::build_optimizer() {
+  if (client_optimizer_) {
+    DSCPP_CHECK(config_.optimizer.type.empty(), ConfigError,
+                "both the config's optimizer section (", config_.optimizer.type,
+                ") and a client optimizer were given. HINT: remove one of them");
+  } else {
+    DSCPP_CHECK(!config_.optimizer.type.empty(), ConfigError,
+                "the config has no optimizer section and no optimizer was passed to "
+                "initialize(). HINT: add {\"optimizer\": {\"type\": \"AdamW\", \"params\": "
+                "{\"lr\": 1e-3}}}");
+    // Over this rank's part: everything at stage 0, its shard at stages 1-2.
+    optimizer_ = optim::make_optimizer(config_.optimizer, strategy_->part_numel(),
+                                       strategy_->options().dtype(at::kFloat),
+                                       strategy_->optimizer_segments());
+  }
+  if (client_lr_scheduler_) {
+    DSCPP_CHECK(config_.scheduler.type.empty(), ConfigError,
+                "both the config's scheduler section (", config_.scheduler.type,
+                ") and a client LR scheduler were given. HINT: remove one of them");
+  } else if (optimizer_) {
+    lr_schedule_ = make_lr_schedule(config_.scheduler, *optimizer_);
+  } else {
+    DSCPP_CHECK(config_.scheduler.type.empty(), ConfigError,
+                "a scheduler section needs the config's optimizer; with a client optimizer pass "
+                "a client LR scheduler too");
+  }
+}
+
+void EngineImpl::dump_state() const {
+  // dump_state: the engine's state after initialisation, as DeepSpeed prints it (rank 0).
+  if (comm_->rank() != 0) return;
+  MemoryStats m = const_cast<EngineImpl*>(this)->memory_stats();
+  DSCPP_LOG_INFO(
+      "engine state: ZeRO stage {}, {} trainable elements, this rank updates {} of them; "
+      "training dtype {}; optimizer {}; gradient buckets {}; model states {} bytes (params {}, "
+      "grads {}, fp32 master {}, optimizer {}), staging {} bytes",
+      config_.zero_optimization.stage, strategy_->numel(), strategy_->part_numel(),
+      c10::toString(dtype_), optimizer_ ? optimizer_->name() : "client",
+      strategy_->reducer().num_buckets(), m.model_states(), m.params, m.grads, m.master,
+      m.optimizer_state, m.staging);
+}
+
+}  // namespace dscpp::engine

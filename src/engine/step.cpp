@@ -1,0 +1,422 @@
+// The step's order of events: backward() on every micro-batch, step() at the accumulation
+// boundary (apply_step() reads top to bottom), flush_accumulation() at an epoch's ragged end.
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "dscpp/error.h"
+#include "engine/engine_impl.h"
+#include "util/log.h"
+
+namespace dscpp::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Elements per piece of the mixed-precision optimizer step (16 MiB of fp32 gradient).
+constexpr int64_t kStepPiece = int64_t{1} << 22;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Resident set size of this process in GiB (Linux), for the step log.
+double rss_gib() {
+  std::ifstream f("/proc/self/statm");
+  long pages = 0, resident = 0;
+  f >> pages >> resident;
+  return resident * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1 << 30);
+}
+
+// Sum of squares in double, in chunks (no full-size double copy of a large shard), read once.
+double sq_norm(const at::Tensor& t) {
+  constexpr int64_t kChunk = 1 << 20;
+  at::Tensor total = at::zeros({}, t.options().dtype(at::kDouble));
+  for (int64_t i = 0; i < t.numel(); i += kChunk) {
+    at::Tensor c = t.narrow(0, i, std::min(kChunk, t.numel() - i)).to(at::kDouble);
+    total.add_(c.dot(c));
+  }
+  return total.item<double>();
+}
+
+// Per-rank window flags, one number per rank in the statistics (NOTE [side channel]).
+constexpr int kNonFiniteLoss = 1, kBackwardFailed = 2;
+std::string ranks_flagged(const double* flags, int world, int bit) {
+  std::string out;
+  for (int q = 0; q < world; ++q) {
+    if (static_cast<int>(flags[q] + 0.5) & bit) out += (out.empty() ? "" : ",") + std::to_string(q);
+  }
+  return out;
+}
+
+}  // namespace
+
+bool EngineImpl::is_gradient_accumulation_boundary() const {
+  return (micro_steps_ + 1) % config_.batch.gradient_accumulation_steps == 0;
+}
+
+double EngineImpl::get_lr() const {
+  if (lr_schedule_) return lr_schedule_->get_lr();
+  if (client_optimizer_) return client_optimizer_->param_groups().at(0).options().get_lr();
+  return 0;
+}
+
+void EngineImpl::backward(const at::Tensor& loss) {
+  DSCPP_CHECK(loss.defined() && loss.numel() == 1, Error,
+              "backward() needs the scalar loss of this micro-batch, got a tensor of ",
+              loss.defined() ? loss.numel() : 0, " elements");
+  auto t0 = Clock::now();
+  double value = loss.item<double>();
+  window_loss_sum_ += std::isfinite(value) ? value : 0.0;
+  window_nonfinite_ += std::isfinite(value) ? 0 : 1;
+  ++window_micro_steps_;
+  const bool boundary = is_gradient_accumulation_boundary();
+  DSCPP_LOG_DEBUG("micro step {}/{} (global step {}): backward{}",
+                  micro_steps_ % gradient_accumulation_steps() + 1, gradient_accumulation_steps(),
+                  global_steps_, boundary && !no_sync_depth_ ? " + gradient reduction" : "");
+  zero::GradReducer& reducer = strategy_->reducer();
+  // Stages 0-1 reduce buckets during the boundary backward (all-reduce, reduce-scatter); stage 2
+  // reduce-scatters in every backward (the reducer decides).
+  const bool reduce = boundary && no_sync_depth_ == 0;
+  const bool side_channel =
+      reduce && strategy_->side_channel().defined() && strategy_->side_channel().numel() > 0;
+  if (side_channel) write_side_channel();
+  reducer.prepare_backward(reduce, loss);
+  // The gradient applied at the boundary is the mean over the global batch: each micro-batch
+  // loss is a mean over its samples, so scale by 1/GAS here and average over ranks. fp16 also
+  // multiplies by the loss scale (in fp32: 2^16 is no fp16 number), divided out in apply_step().
+  const double scale = loss_scale() / static_cast<double>(gradient_accumulation_steps());
+  // When backward fails the other ranks go on reducing: this rank launches and finishes its
+  // buckets too, so the collectives stay in step. Unless every gradient was complete, the window
+  // is spoiled: it is flagged to every rank (at stage 0 in the side channel, whose bucket goes
+  // only in finish_backward) and step() drops it everywhere.
+  auto fail_window = [&] {
+    if (!reducer.all_gradients_ready() || reducer.late_gradient()) {
+      window_failed_ = true;
+      if (side_channel) write_side_channel();
+    }
+    reducer.finish_backward();
+    strategy_->after_backward();
+    window_reduced_ = reduce;
+  };
+  try {
+    (loss.to(at::kFloat) * scale).backward();
+  } catch (...) {
+    fail_window();
+    throw;
+  }
+  if (reducer.late_gradient()) {
+    // The hook's error was caught inside backward (by the user's code in a hook, say): the
+    // gradient is still lost.
+    fail_window();
+    DSCPP_FAIL(Error,
+               "a gradient arrived after its bucket had been reduced in this backward on "
+               "rank ",
+               comm_->rank(),
+               ", so it was lost; the window is dropped on every rank. "
+               "HINT: a function that runs a backward of its own must be dscpp::zero::checkpoint, "
+               "whose parameters dscpp knows");
+  }
+  t_reduce_wait_ += reducer.finish_backward();
+  strategy_->after_backward();
+  window_reduced_ = reduce;
+  if (strategy_->reduces_every_backward() && !config_.zero_optimization.ignore_unused_parameters) {
+    auto unused = reducer.unused_in_last_backward();
+    DSCPP_CHECK(unused.empty(), Error, unused.size(),
+                " parameter(s) got no gradient in this "
+                "backward on rank ",
+                comm_->rank(), " (first: '", unused[0],
+                "') and "
+                "zero_optimization.ignore_unused_parameters is false. HINT: set "
+                "ignore_unused_parameters to true (their gradient is then zero), or freeze them "
+                "with requires_grad(false) before initialize()");
+  }
+  t_backward_ += seconds_since(t0);
+}
+
+void EngineImpl::step() {
+  const bool boundary = is_gradient_accumulation_boundary();
+  if (boundary) {
+    DSCPP_CHECK(no_sync_depth_ == 0, Error,
+                "step() at a gradient accumulation boundary inside no_sync(): the gradients were "
+                "not averaged over ranks. HINT: leave the no_sync scope before the boundary step");
+    DSCPP_CHECK(window_micro_steps_ == gradient_accumulation_steps(), Error,
+                "step() at the "
+                "boundary after ",
+                window_micro_steps_,
+                " backward() calls in this window, "
+                "expected ",
+                gradient_accumulation_steps(), " (one per micro-step)");
+    try {
+      apply_step();
+    } catch (...) {
+      ++micro_steps_;  // the window is over either way (apply_step dropped its gradients)
+      throw;
+    }
+  }
+  ++micro_steps_;
+}
+
+void EngineImpl::flush_accumulation() {
+  // Collective: ranks may have taken different numbers of micro-steps in this window (uneven
+  // shards at the end of an epoch), so the count travels with the statistics.
+  const int64_t gas = gradient_accumulation_steps();
+  DSCPP_LOG_INFO("flushing the accumulation window: {} of {} micro-steps on this rank",
+                 window_micro_steps_, gas);
+  window_reduced_ = false;  // apply_step() averages what there is, with the counts
+  try {
+    apply_step();
+  } catch (...) {
+    if (micro_steps_ % gas != 0) micro_steps_ += gas - micro_steps_ % gas;
+    throw;
+  }
+  if (micro_steps_ % gas != 0) micro_steps_ += gas - micro_steps_ % gas;  // a new window
+}
+
+void EngineImpl::enter_no_sync() {
+  DSCPP_CHECK(!strategy_->reduces_every_backward(), Error,
+              "no_sync() is incompatible with ZeRO stage ", config_.zero_optimization.stage,
+              ": its gradients are reduce-scattered into shards as backward runs (DeepSpeed's "
+              "rule too). HINT: use gradient_accumulation_steps, which accumulates without extra "
+              "memory, or stage 0/1");
+  ++no_sync_depth_;
+}
+
+void EngineImpl::abandon_window() {
+  strategy_->reducer().zero_grads();
+  window_micro_steps_ = 0;
+  window_loss_sum_ = 0;
+  window_nonfinite_ = 0;
+  window_failed_ = false;
+  window_reduced_ = false;
+  t_backward_ = t_reduce_wait_ = t_optimizer_ = 0;
+  strategy_->take_fetch_stats();  // the next window counts its own
+  window_start_ = Clock::now();
+}
+
+int EngineImpl::window_flags() const {
+  return (window_nonfinite_ > 0 ? kNonFiniteLoss : 0) | (window_failed_ ? kBackwardFailed : 0);
+}
+
+EngineImpl::Reduced EngineImpl::reduce_window() {
+  const int world = comm_->world_size();
+  Reduced r;
+  const at::Tensor side = strategy_->side_channel();
+  const bool side_channel = side.defined() && side.numel() > 0;
+  if (!strategy_->reduces_every_backward() && !window_reduced_) {
+    // The boundary backward did not reduce (no_sync, or a flush): do it now, as DDP does at the
+    // next synchronising backward.
+    if (side_channel) write_side_channel();
+    strategy_->reduce_accumulated();
+  }
+  r.parts = strategy_->parts();
+  // The same arithmetic for every stage's part, so every stage clips alike.
+  double part_sq_norm = 0;
+  for (const auto& p : r.parts) part_sq_norm += sq_norm(p.grads);
+  if (side_channel) {
+    at::Tensor s = side.to(at::kCPU, at::kDouble);  // may live on a GPU
+    const double* p = s.data_ptr<double>();
+    r.loss_sum = p[0];
+    r.micro_batches = p[1];
+    r.nonfinite_ranks = ranks_flagged(p + 2, world, kNonFiniteLoss);
+    r.failed_ranks = ranks_flagged(p + 2, world, kBackwardFailed);
+    r.grad_sq_norm = part_sq_norm;  // stage 0: every rank holds the whole gradient
+    return r;
+  }
+  reduce_stats(r, strategy_->replicated() ? 0.0 : part_sq_norm);
+  if (strategy_->replicated()) r.grad_sq_norm = part_sq_norm;
+  return r;
+}
+
+void EngineImpl::reduce_stats(Reduced& r, double part_sq_norm) {
+  // One small all-reduce: the window's loss sum, its micro-steps, which ranks saw a non-finite
+  // loss, and the parts' squared gradient norms.
+  const int world = comm_->world_size();
+  at::Tensor st = at::zeros({3 + world}, at::kDouble);
+  auto* p = st.data_ptr<double>();
+  p[0] = window_loss_sum_;
+  p[1] = static_cast<double>(window_micro_steps_);
+  p[2 + comm_->rank()] = window_flags();
+  p[2 + world] = part_sq_norm;
+  at::Tensor dev = st.to(strategy_->options().device());
+  comm_->all_reduce(dev)->wait();
+  st = dev.to(at::kCPU);
+  p = st.data_ptr<double>();
+  r.loss_sum = p[0];
+  r.micro_batches = p[1];
+  r.nonfinite_ranks = ranks_flagged(p + 2, world, kNonFiniteLoss);
+  r.failed_ranks = ranks_flagged(p + 2, world, kBackwardFailed);
+  r.grad_sq_norm = p[2 + world];
+}
+
+void EngineImpl::apply_step() {
+  auto t_opt = Clock::now();
+  const int world = comm_->world_size();
+
+  // 1. Gradients averaged over ranks (stages 1-2: this rank's shard of them), the loss over the
+  // global batch, and whether any rank saw a non-finite one.
+  Reduced red = reduce_window();
+  if (red.micro_batches == 0) {  // a flush with nothing accumulated anywhere
+    abandon_window();
+    return;
+  }
+  if (!red.failed_ranks.empty()) abandon_window();
+  DSCPP_CHECK(red.failed_ranks.empty(), Error, "backward() failed on rank(s) ", red.failed_ranks,
+              " in the accumulation window of optimizer step ", global_steps_ + 1,
+              ", so the "
+              "gradients are incomplete; the step is dropped on every rank. HINT: the exception "
+              "backward() raised on that rank says why; training can go on with the next window");
+  const double loss = red.loss_sum / red.micro_batches;
+  const double lr = get_lr();
+  if (!red.nonfinite_ranks.empty() && scaler_) return skip_step(loss, lr);
+  if (!red.nonfinite_ranks.empty()) abandon_window();
+  DSCPP_CHECK(red.nonfinite_ranks.empty(), Error, "non-finite loss at optimizer step ",
+              global_steps_ + 1, " on rank(s) ", red.nonfinite_ranks,
+              "; the step is not applied. HINT: lower the learning rate, enable "
+              "gradient_clipping, or look at the data of that step (fp16 training skips such "
+              "steps through its loss scaler)");
+  // Each micro-batch gradient was scaled by loss_scale/GAS and averaged over ranks; the mean
+  // over the micro-batches actually taken needs gas * world / taken / loss_scale (1 at a normal
+  // fp32 boundary).
+  const double unscale = gradient_accumulation_steps() * world / red.micro_batches / loss_scale();
+
+  // 2. Global gradient norm: of the whole gradient (stage 0, every rank holds it), or from the
+  // parts' squared norms summed over ranks; the same arithmetic either way.
+  const double grad_norm = std::sqrt(red.grad_sq_norm) * unscale;
+  if (!std::isfinite(grad_norm) && scaler_) return skip_step(loss, lr);
+  if (!std::isfinite(grad_norm)) abandon_window();
+  DSCPP_CHECK(std::isfinite(grad_norm), Error, "the gradient norm is ", grad_norm,
+              " at optimizer step ", global_steps_ + 1,
+              " although every loss was finite. HINT: an operation overflowed in backward; lower "
+              "the learning rate or enable gradient_clipping");
+  // 3. Clip by the global norm, as DeepSpeed does.
+  const double clip = config_.gradient_clipping;
+  const double coef = clip > 0 ? std::min(1.0, clip / (grad_norm + 1e-6)) : 1.0;
+
+  // 4. The optimizer step at the LR in force on this rank's (fp32 master) weights; the update
+  // cast back into the training dtype and made every rank's (stages 1-2: all-gathered); then
+  // the schedule ticks.
+  DSCPP_LOG_DEBUG("optimizer step {}: loss {:.6f}, grad_norm {:.6f}, lr {:.6e}", global_steps_ + 1,
+                  loss, grad_norm, lr);
+  strategy_->before_update();
+  run_optimizer(red, unscale, coef, lr);
+  if (master_) master_->publish(red.parts);
+  strategy_->publish_params();
+  const double used_scale = loss_scale();
+  if (scaler_) scaler_->update(/*overflow=*/false);
+  if (lr_schedule_) lr_schedule_->step();
+  if (client_lr_scheduler_) client_lr_scheduler_->step();
+  t_optimizer_ += seconds_since(t_opt);
+
+  ++global_steps_;
+  double window_s = seconds_since(window_start_);
+  last_step_ = StepStats{
+      global_steps_, loss,       lr,   grad_norm, window_s > 0 ? train_batch_size() / window_s : 0,
+      window_s,      used_scale, false};
+  fetch_ = strategy_->take_fetch_stats();
+  if (config_.steps_per_print > 0 && global_steps_ % config_.steps_per_print == 0) log_step();
+  abandon_window();  // zeroes the gradients, resets the window's counters and timers
+}
+
+void EngineImpl::run_optimizer(const Reduced& red, double unscale, double coef, double lr) {
+  // Unscaled and clipped fp32 gradients: in place in fp32; under mixed precision cast a piece at
+  // a time, so the step never holds an fp32 copy of the whole (shard of the) gradient.
+  auto fp32_grads = [&](const at::Tensor& grads) {
+    at::Tensor g = dtype_ != at::kFloat ? grads.to(at::kFloat) : grads;
+    if (unscale != 1.0) g.mul_(unscale);
+    if (coef < 1.0) g.mul_(coef);
+    return g;
+  };
+  if (!optimizer_) {
+    for (const auto& part : red.parts) fp32_grads(part.grads);  // the client reads param.grad
+    client_optimizer_->step();
+    return;
+  }
+  optim::StepContext ctx;
+  ctx.lr = lr;
+  ctx.step = global_steps_ + 1 - skipped_steps_;
+  ctx.betas_override = lr_schedule_ ? lr_schedule_->get_betas() : std::nullopt;
+  const int64_t total = strategy_->part_numel();
+  const bool pieces = dtype_ != at::kFloat && optimizer_->supports_pieces();
+  for (const auto& part : red.parts) {
+    const int64_t n = part.params.numel();
+    at::Tensor weights = master_ ? master_->weights().narrow(0, part.offset, n) : part.params;
+    const int64_t piece = pieces ? kStepPiece : n;
+    for (int64_t off = 0; off < n; off += piece) {
+      const int64_t len = std::min(piece, n - off);
+      at::Tensor w = weights.narrow(0, off, len);
+      if (len < total) ctx.offset = part.offset + off;
+      optimizer_->step(w, fp32_grads(part.grads.narrow(0, off, len)), ctx);
+    }
+  }
+}
+
+void EngineImpl::skip_step(double loss, double lr) {
+  // DeepSpeed's fp16 overflow: no update, no schedule tick, the step still counts.
+  const double used = loss_scale();
+  abandon_window();
+  ++skipped_steps_;
+  ++global_steps_;
+  scaler_->update(/*overflow=*/true);  // throws at the minimum scale
+  double window_s = seconds_since(window_start_);
+  last_step_ = StepStats{global_steps_, loss, lr, std::nan(""), 0, window_s, used, true};
+  if (comm_->rank() == 0) {
+    DSCPP_LOG_INFO(
+        "step {}: fp16 gradient overflow with loss scale {}; update skipped ({} so "
+        "far), {}",
+        global_steps_, used, skipped_steps_, scaler_->describe());
+  }
+}
+
+MemoryStats EngineImpl::memory_stats() {
+  MemoryStats m;
+  m.params = strategy_->param_bytes();
+  m.grads = strategy_->grad_bytes();
+  m.master = master_ ? master_->bytes() : 0;
+  if (optimizer_) {
+    for (auto& [name, t] : optimizer_->state())
+      m.optimizer_state += static_cast<int64_t>(t.nbytes());
+  }
+  m.staging = strategy_->staging_bytes();
+  m.gathered = strategy_->gathered_peak_bytes();
+  return m;
+}
+
+void EngineImpl::write_side_channel() {
+  at::Tensor side = strategy_->side_channel();
+  side.zero_();
+  side[0] = window_loss_sum_;
+  side[1] = static_cast<float>(window_micro_steps_);
+  side[2 + comm_->rank()] = static_cast<float>(window_flags());
+}
+
+void EngineImpl::log_step() const {
+  if (comm_->rank() != 0) return;
+  const auto& s = last_step_;
+  std::string line =
+      fmt::format("step {} | loss {:.6f} | lr {:.4e} | grad_norm {:.4f} | {:.1f} samples/s", s.step,
+                  s.loss, s.lr, s.grad_norm, s.samples_per_s);
+  if (tokens_per_sample_ > 0)
+    line += fmt::format(" | {:.0f} tokens/s", s.samples_per_s * tokens_per_sample_);
+  if (scaler_) line += fmt::format(" | loss scale {} | skipped {}", s.loss_scale, skipped_steps_);
+  line += fmt::format(" | rss {:.2f} GiB", rss_gib());
+  if (config_.wall_clock_breakdown) {
+    line += fmt::format(
+        " | window {:.1f} ms: forward+data {:.1f} ms, backward {:.1f} ms (waiting "
+        "for all-reduce {:.1f} ms), optimizer {:.1f} ms",
+        s.seconds * 1e3, (s.seconds - t_backward_ - t_optimizer_) * 1e3, t_backward_ * 1e3,
+        t_reduce_wait_ * 1e3, t_optimizer_ * 1e3);
+    if (fetch_.gathers > 0) {
+      line += fmt::format(
+          ", waiting for stage-3 parameter gathers {:.1f} ms ({} gathers, {} "
+          "prefetched)",
+          fetch_.wait_seconds * 1e3, fetch_.gathers, fetch_.prefetched);
+    }
+  }
+  DSCPP_LOG_INFO("{}", line);
+}
+
+}  // namespace dscpp::engine

@@ -1,0 +1,90 @@
+// Implements ParamFetcher (fetcher.h, NOTE [unit storage]).
+#include "zero/fetcher.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/StorageImpl.h>
+
+#include <limits>
+
+#include "dscpp/error.h"
+
+namespace dscpp::zero {
+namespace {
+
+c10::StorageImpl* storage_of(const at::Tensor& t) { return t.storage().unsafeGetStorageImpl(); }
+
+}  // namespace
+
+ParamFetcher::ParamFetcher(comm::Communicator& comm, bool debug_nan)
+    : comm_(comm), debug_nan_(debug_nan) {}
+
+void ParamFetcher::swap_out(FetchUnit& u) {
+  c10::StorageImpl* s = storage_of(u.full);
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, u.full.device()));
+  s->set_nbytes(0);
+}
+
+void ParamFetcher::gather(FetchUnit& u) {
+  DSCPP_CHECK(!u.gathered, Error, "internal: unit '", u.name, "' is gathered already");
+  const int64_t n = u.full.numel();
+  if (n == 0) {  // a unit whose parameters all stay whole (stage3_param_persistence_threshold)
+    u.gathered = true;
+    return;
+  }
+  auto& free = free_[n];
+  if (u.block.defined()) {
+    // Debug mode: the NaN-filled block it kept.
+  } else if (!free.empty()) {
+    u.block = std::move(free.back());
+    free.pop_back();
+  } else {
+    u.block = at::empty({n}, u.full.options());
+    pool_ += static_cast<int64_t>(u.block.nbytes());
+  }
+  c10::StorageImpl* s = storage_of(u.full);
+  // Not owning: the pool keeps the block alive (u.block) until release() takes it back.
+  s->set_data_ptr_noswap(at::DataPtr(u.block.data_ptr(), u.full.device()));
+  s->set_nbytes(u.block.nbytes());
+  u.gathered = true;
+  live_ += static_cast<int64_t>(u.block.nbytes());
+  peak_ = std::max(peak_, live_);
+  const int world = comm_.world_size();
+  const int64_t shard = u.shard.numel();
+  std::vector<at::Tensor> outputs;
+  for (int r = 0; r < world; ++r) outputs.push_back(u.full.narrow(0, r * shard, shard));
+  u.work = comm_.all_gather_into(outputs, u.shard);
+}
+
+void ParamFetcher::wait(FetchUnit& u) {
+  if (!u.work) return;
+  comm::WorkHandle w = std::move(u.work);
+  u.work = nullptr;
+  w->wait();
+}
+
+void ParamFetcher::release(FetchUnit& u) {
+  if (!u.gathered) return;
+  if (u.full.numel() == 0) {
+    u.gathered = false;
+    return;
+  }
+  if (u.work) {
+    try {
+      wait(u);
+    } catch (...) {
+      // The communicator is broken and says so at its next wait; the memory is still ours.
+    }
+  }
+  live_ -= static_cast<int64_t>(u.block.nbytes());
+  u.gathered = false;
+  if (debug_nan_) {
+    // The block stays behind the parameters, so a read outside the unit's call sees NaN.
+    u.block.fill_(std::numeric_limits<float>::quiet_NaN());
+    return;
+  }
+  swap_out(u);
+  free_[u.block.numel()].push_back(std::move(u.block));
+  u.block = at::Tensor();
+}
+
+}  // namespace dscpp::zero

@@ -1,0 +1,66 @@
+// ParamFetcher: stage 3's gather and release of a unit's full parameters, from pooled buffers.
+//
+// NOTE [unit storage]: a unit's parameters are views into one flat tensor `full` [padded] whose
+// storage has memory only while the unit is gathered. Releasing swaps the storage's memory out
+// (null data, 0 bytes): the parameters keep their shapes, and the views autograd saved in forward
+// stay valid. Gathering swaps a pooled block in and all-gathers the ranks' shards into it. The
+// communicator writes through the data pointer, which bumps no version counter, so backward
+// accepts the re-gathered values as the ones it saved (FSDP frees storage the same way; gathering
+// through param.copy_ would bump the counters and break backward). Blocks come from a pool keyed
+// by size and are reused, so a gather never faults fresh pages in (on the CPU a fresh page costs
+// more than the copy into it; docs/zero.md).
+//
+// In debug mode (DSCPP_DEBUG_SYNC=1) a released unit keeps its block, filled with NaN, so a
+// parameter read outside its unit's call gives NaN instead of reading freed memory.
+//
+// Threading: called from the training thread and from backward (the autograd thread of the
+// parameters' device), never both at once.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dscpp/comm.h"
+
+namespace dscpp::zero {
+
+// One unit's storage, as the fetcher sees it.
+struct FetchUnit {
+  std::string name;       // the unit's module path, for messages
+  at::Tensor full;        // [padded], training dtype; the parameters are views of it
+  at::Tensor shard;       // [padded / world] this rank's shard, persistent
+  at::Tensor block;       // the pool block swapped in while gathered (or gathering)
+  comm::WorkHandle work;  // the all-gather in flight, if any
+  bool gathered = false;  // memory swapped in (the all-gather may still be running: work)
+};
+
+class ParamFetcher {
+ public:
+  ParamFetcher(comm::Communicator& comm, bool debug_nan);
+  // Makes `full`'s storage empty (a new unit, or at set-up).
+  static void swap_out(FetchUnit& u);
+  // Swaps a block in and launches the all-gather of the shards into it; returns at once.
+  void gather(FetchUnit& u);
+  // Waits for u's all-gather (if any). Throws CommError if it failed.
+  void wait(FetchUnit& u);
+  // Swaps u's memory out (debug: fills it with NaN and keeps it) and returns the block to the
+  // pool. Waits for an all-gather still in flight first.
+  void release(FetchUnit& u);
+  // Bytes of gathered units now, the most at once so far, and of every pooled block.
+  int64_t live_bytes() const { return live_; }
+  int64_t peak_live_bytes() const { return peak_; }
+  int64_t pool_bytes() const { return pool_; }
+  bool debug_nan() const { return debug_nan_; }
+
+ private:
+  comm::Communicator& comm_;
+  bool debug_nan_;
+  std::map<int64_t, std::vector<at::Tensor>> free_;  // free blocks by element count
+  int64_t live_ = 0, peak_ = 0, pool_ = 0;
+};
+
+}  // namespace dscpp::zero

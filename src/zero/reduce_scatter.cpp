@@ -1,0 +1,241 @@
+// Implements InPlaceReducer and SlotReducer (reduce_scatter.h, NOTE [stage 2 slots]).
+#include "zero/reduce_scatter.h"
+
+#include <ATen/ATen.h>
+
+#include "dscpp/error.h"
+
+namespace dscpp::zero {
+
+// ----- stage 1: reduce-scatter in place ------------------------------------------------------
+
+InPlaceReducer::InPlaceReducer(std::vector<at::Tensor> params, std::vector<std::string> names,
+                               std::vector<std::pair<int64_t, int64_t>> segments, int64_t padded,
+                               comm::Communicator& comm, ReduceOptions options)
+    : GradReducer(std::move(params), std::move(names), std::move(segments),
+                  {GroupGeometry{0, padded, padded / comm.world_size(), 0}}, {}, comm, options),
+      buffer_(params_, segments_, padded, /*side=*/0, buffer_options_) {
+  const int64_t shard = groups_[0].shard;
+  grad_shard_ = buffer_.grads().narrow(0, comm_.rank() * shard, shard);
+  install_hooks();
+}
+
+InPlaceReducer::~InPlaceReducer() { drain_quietly(); }
+
+void InPlaceReducer::on_arriving_locked(int, Bucket&) {
+  // Without overlap_comm the reductions in flight finish before a later bucket accumulates.
+  if (options_.overlap_comm) return;
+  while (!in_flight_.empty()) retire_oldest_locked();
+}
+
+void InPlaceReducer::launch_locked(Bucket& b) {
+  at::Tensor staging = buffer_.grads().narrow(0, b.offset, b.numel);
+  prescale(staging);
+  int64_t own_start = 0;
+  std::vector<int64_t> counts = rank_counts(b, &own_start);
+  InFlight f;
+  f.staging = staging;
+  f.result = staging.narrow(0, own_start - b.offset, counts[comm_.rank()]);
+  f.work = options_.reduce_scatter ? comm_.reduce_scatter(f.result, staging, counts)
+                                   : comm_.all_reduce(staging, comm::ReduceOp::sum);
+  in_flight_.push_back(std::move(f));
+}
+
+void InPlaceReducer::on_reduced_locked(InFlight& f) {
+  const double factor = postscale_factor();
+  if (f.result.numel() > 0 && factor != 1.0) f.result.mul_(factor);
+}
+
+void InPlaceReducer::reduce_all_now() {
+  prepare_backward(true);
+  finish_backward();
+}
+
+// ----- stages 2-3: staging slots reduce-scattered into a shard --------------------------------
+
+SlotReducer::SlotReducer(std::vector<at::Tensor> params, std::vector<std::string> names,
+                         std::vector<std::pair<int64_t, int64_t>> segments,
+                         std::vector<GroupGeometry> groups, std::vector<int> param_group,
+                         comm::Communicator& comm, ReduceOptions options, int resident_group,
+                         std::function<void(int)> on_group_complete)
+    : GradReducer(std::move(params), std::move(names), std::move(segments), std::move(groups),
+                  std::move(param_group), comm, options),
+      resident_group_(resident_group),
+      on_group_complete_(std::move(on_group_complete)) {
+  DSCPP_CHECK(resident_group_ <= 0, Error, "internal: the resident group must be group 0");
+  int64_t shard_total = 0;
+  for (const auto& g : groups_) shard_total += g.shard;
+  grad_shard_ = at::zeros({shard_total}, buffer_options_);
+  for (auto& p : params_) p.mutable_grad() = at::Tensor();
+  if (resident_group_ == 0) {
+    // The resident group is group 0, first in the flat space: its parameters are the first ones.
+    std::vector<at::Tensor> rp;
+    std::vector<std::pair<int64_t, int64_t>> rs;
+    for (size_t i = 0; i < params_.size() && param_group_[i] == 0; ++i) {
+      rp.push_back(params_[i]);
+      rs.push_back(segments_[i]);
+    }
+    resident_ = std::make_unique<FullGradBuffer>(rp, rs, groups_[0].padded, 0, buffer_options_);
+  }
+  group_buckets_.assign(groups_.size(), 0);
+  for (const auto& b : buckets_) ++group_buckets_[b.group];
+  group_remaining_ = group_buckets_;
+  // NOTE [stage 2 slots]: one slot, or two with overlap_comm.
+  const int slots = options_.overlap_comm ? 2 : 1;
+  staging_.resize(slots);
+  slot_bucket_.assign(slots, -1);
+  for (const auto& b : buckets_) {
+    if (!resident(b)) largest_bucket_ = std::max(largest_bucket_, b.numel);
+  }
+  if (options_.contiguous_gradients) {
+    for (auto& slot : staging_) slot = at::empty({largest_bucket_}, buffer_options_);
+  }
+  install_hooks();
+}
+
+SlotReducer::~SlotReducer() { drain_quietly(); }
+
+void SlotReducer::before_backward() {
+  // Autograd puts each gradient where the bucket's slot says (or keeps it, see the NOTE); the
+  // resident group's into its own buffer.
+  for (auto& p : params_) p.mutable_grad() = at::Tensor();
+  if (resident_) resident_->attach_views();
+}
+
+void SlotReducer::reset_locked() {
+  std::fill(slot_bucket_.begin(), slot_bucket_.end(), -1);
+  if (!options_.contiguous_gradients) {
+    for (auto& slot : staging_) slot = at::Tensor();
+  }
+  kept_gradients_ = 0;
+  group_remaining_ = group_buckets_;
+}
+
+bool SlotReducer::may_launch_locked(const Bucket& b) const {
+  return !resident(b) || finishing_;  // the resident group goes when backward is over
+}
+
+void SlotReducer::on_arriving_locked(int, Bucket& b) {
+  if (!resident(b) && b.slot < 0) acquire_slot_locked(b);
+}
+
+void SlotReducer::on_bucket_complete_locked(Bucket& b) {
+  if (--group_remaining_[b.group] == 0 && on_group_complete_) on_group_complete_(b.group);
+}
+
+void SlotReducer::after_finish() {
+  if (resident_) resident_->zero();  // its sums are in the shard now
+}
+
+void SlotReducer::acquire_slot_locked(Bucket& b) {
+  for (;;) {
+    for (size_t s = 0; s < staging_.size(); ++s) {
+      if (slot_bucket_[s] >= 0) continue;
+      attach_locked(b, static_cast<int>(s));
+      return;
+    }
+    // Every slot is busy: wait for the oldest reduction to free one (backpressure), unless
+    // every slot serves a bucket still accumulating (gradients arriving out of bucket order).
+    if (in_flight_.empty()) return;
+    retire_oldest_locked();
+  }
+}
+
+void SlotReducer::attach_locked(Bucket& b, int slot) {
+  slot_bucket_[slot] = static_cast<int>(&b - buckets_.data());
+  b.slot = slot;
+  if (!staging_[slot].defined()) staging_[slot] = at::empty({b.numel}, buffer_options_);
+  at::Tensor region = staging_[slot].narrow(0, 0, b.numel);
+  copy_kept_gradients(b, region);
+  for (int p : b.params) {
+    auto [off, n] = segments_[p];
+    params_[p].mutable_grad() = region.narrow(0, off - b.offset, n).view(params_[p].sizes());
+  }
+}
+
+void SlotReducer::copy_kept_gradients(const Bucket& b, const at::Tensor& dst) {
+  at::NoGradGuard no_grad;
+  for (int p : b.params) {
+    auto [off, n] = segments_[p];
+    at::Tensor view = dst.narrow(0, off - b.offset, n);
+    const at::Tensor& g = params_[p].grad();
+    if (g.defined()) {
+      view.copy_(g.reshape({-1}));
+      ++kept_gradients_;
+    } else {
+      view.zero_();
+    }
+  }
+}
+
+void SlotReducer::launch_locked(Bucket& b) {
+  // The bucket's gradients are in its slot, or in a buffer of its own when every slot serves a
+  // bucket still accumulating; the resident group's in its full buffer.
+  if (!resident(b) && b.slot < 0) acquire_slot_locked(b);
+  at::Tensor staging;
+  if (resident(b)) {
+    staging = resident_->grads().narrow(0, b.offset - groups_[b.group].base, b.numel);
+  } else if (b.slot >= 0) {
+    staging = staging_[b.slot].narrow(0, 0, b.numel);
+  } else {
+    staging = at::empty({b.numel}, buffer_options_);
+    copy_kept_gradients(b, staging);
+  }
+  if (!resident(b)) {
+    for (int p : b.params) params_[p].mutable_grad() = at::Tensor();
+  }
+  prescale(staging);
+  int64_t own_start = 0;
+  std::vector<int64_t> counts = rank_counts(b, &own_start);
+  const GroupGeometry& g = groups_[b.group];
+  InFlight f;
+  f.staging = staging;
+  f.result = staging.narrow(0, own_start - b.offset, counts[comm_.rank()]);
+  f.shard_pos = g.shard_base + own_start - (g.base + comm_.rank() * g.shard);
+  f.slot = b.slot;
+  f.work = options_.reduce_scatter ? comm_.reduce_scatter(f.result, staging, counts)
+                                   : comm_.all_reduce(staging, comm::ReduceOp::sum);
+  in_flight_.push_back(std::move(f));
+}
+
+void SlotReducer::on_reduced_locked(InFlight& f) {
+  if (f.result.numel() == 0) return;
+  const double factor = postscale_factor();
+  at::Tensor dst = grad_shard_.narrow(0, f.shard_pos, f.result.numel());
+  if (factor != 1.0)
+    dst.add_(f.result, factor);
+  else
+    dst.add_(f.result);
+}
+
+void SlotReducer::release_slot_locked(int slot) {
+  slot_bucket_[slot] = -1;
+  if (!options_.contiguous_gradients) staging_[slot] = at::Tensor();
+}
+
+int64_t SlotReducer::kept_gradients() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return kept_gradients_;
+}
+
+int64_t SlotReducer::staging_bytes() const {
+  if (!options_.contiguous_gradients) return 0;  // allocated per bucket, freed once reduced
+  int64_t total = 0;
+  for (const auto& s : staging_) total += static_cast<int64_t>(s.nbytes());
+  return total;
+}
+
+int64_t SlotReducer::grad_bytes() const {
+  return static_cast<int64_t>(grad_shard_.nbytes()) + (resident_ ? resident_->bytes() : 0);
+}
+
+void SlotReducer::zero_grads() {
+  grad_shard_.zero_();
+  for (auto& p : params_) p.mutable_grad() = at::Tensor();
+  if (resident_) {
+    resident_->zero();
+    resident_->attach_views();
+  }
+}
+
+}  // namespace dscpp::zero

@@ -1,0 +1,216 @@
+// GradReducer: the bucketed gradient path every ZeRO stage shares. It cuts the parameters' flat
+// gradient space into buckets, watches each parameter's gradient accumulator, and launches a
+// bucket's reduction as soon as the bucket is complete, while backward goes on. What a reduction
+// is, and where the gradients accumulate until then, is the gradient path's own (one class per
+// stage family, each in its own file):
+//   all_reduce.h       stage 0: a full gradient buffer, all-reduced bucket by bucket
+//   reduce_scatter.h   stage 1: the same buffer, reduce-scattered in place
+//                      stages 2-3: staging slots reduce-scattered into a gradient shard
+//
+// The flat gradient space is the concatenation of the groups' flat buffers (NOTE [flat
+// partition] in partition.h): one group at stages 0-2, one per unit at stage 3. Buckets of about
+// reduce_bucket_size elements are cut from the end of each group (the last parameters' gradients
+// are ready first in backward) and never cross a group or split a parameter. A post-hook on each
+// parameter's gradient accumulator counts its bucket down; a pre-hook lets the gradient path
+// choose where the gradient goes just before autograd accumulates it.
+//
+// Parameters that the loss does not reach (an unused branch) are found before backward runs, by
+// walking the loss's autograd graph, and count as ready at once, so their buckets never hold the
+// others back.
+//
+// NOTE [bucket order]: buckets are launched strictly in index order on every rank, even if a
+// later bucket is ready first, so ranks always issue the same collectives in the same order (a
+// parameter unused on one rank only cannot reorder them). Buckets still pending when backward
+// returns (unused parameters) are launched then, in order, with zeros for the missing gradients.
+//
+// NOTE [bucket cap]: a bucket larger than a sixteenth of the model (but at least kMinBucketCap
+// elements) helps nothing: it only delays the first reduction, so less overlaps with backward,
+// and at stages 2-3 it sizes the staging slots. DeepSpeed's default of 5e8 elements is larger
+// than most models. capped_bucket_size() applies the cap to reduce_bucket_size and
+// allgather_bucket_size; bucket sizes never change the trajectory, and smaller values are kept
+// as given.
+//
+// Threading: hooks run on the autograd thread(s); the bucket state is guarded by a mutex.
+// Reductions run on the communicator's thread; they are waited for ("retired") in launch order.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/function.h>
+
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dscpp/comm.h"
+
+namespace dscpp::zero {
+
+constexpr int64_t kBucketsPerModel = 16;
+constexpr int64_t kMinBucketCap = int64_t{1} << 20;  // elements
+// The bucket size used for a configured size and a model of `numel` trainable elements
+// (NOTE [bucket cap]): min(configured, max(kMinBucketCap, ceil(numel / kBucketsPerModel))).
+int64_t capped_bucket_size(int64_t configured, int64_t numel);
+
+struct ReduceOptions {
+  at::ScalarType dtype = at::kFloat;  // of the parameters and gradients in training
+  // Elements per bucket (DeepSpeed's unit), used as given: the engine applies the cap.
+  int64_t reduce_bucket_size = 500000000;
+  bool prescale_gradients = false;
+  double gradient_predivide_factor = 1.0;
+  // Stages 1-3 (DeepSpeed's meaning; see reduce_scatter.h).
+  bool overlap_comm = false;
+  bool contiguous_gradients = true;
+  bool reduce_scatter = true;
+};
+
+// A group's place in the flat gradient space and in this rank's shard of everything.
+struct GroupGeometry {
+  int64_t base = 0;        // where the group starts in the flat gradient space
+  int64_t padded = 0;      // its padded length (a multiple of the world size)
+  int64_t shard = 0;       // padded / world size
+  int64_t shard_base = 0;  // where this rank's shard of the group starts in the rank's shard
+};
+
+class GradReducer {
+ public:
+  virtual ~GradReducer();
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
+
+  // Call before loss.backward(): whether this backward reduces gradients over ranks (stages 2-3
+  // reduce in every backward). `loss` (optional) lets parameters it cannot reach count as ready
+  // at once.
+  void prepare_backward(bool reduce, const at::Tensor& loss = at::Tensor());
+  // Call after loss.backward(): launches the buckets still pending (in order) and waits for
+  // every reduction of this backward. Returns the seconds spent waiting.
+  double finish_backward();
+  // Names of the parameters that got no gradient in the last backward on this rank.
+  std::vector<std::string> unused_in_last_backward() const;
+
+  const std::vector<at::Tensor>& params() const { return params_; }
+  const std::vector<std::string>& names() const { return names_; }
+  // [offset, numel) of each parameter in the flat gradient space.
+  const std::vector<std::pair<int64_t, int64_t>>& segments() const { return segments_; }
+  size_t num_buckets() const { return buckets_.size(); }
+  // Buckets launched so far in the current backward (all of them once finish_backward returns).
+  size_t buckets_launched() const;
+  // Whether every parameter's gradient of this backward is in (or known not to come): the
+  // gradients are complete, whatever has been launched.
+  bool all_gradients_ready() const;
+  // Whether a gradient arrived after its bucket was reduced in this backward (an error was
+  // raised from the hook; the gradients are incomplete).
+  bool late_gradient() const;
+  // Bytes of the gradient buffers held between steps (full buffer or shard), and of staging
+  // buffers held for the whole run.
+  virtual int64_t grad_bytes() const = 0;
+  virtual int64_t staging_bytes() const { return 0; }
+  virtual void zero_grads() = 0;
+
+ protected:
+  struct Bucket {
+    int group = 0;
+    int64_t offset = 0;  // in the flat gradient space
+    int64_t numel = 0;
+    std::vector<int> params;
+    int pending = 0;
+    bool launched = false;
+    int slot = -1;  // stages 2-3: the staging slot its gradients accumulate in, or -1
+  };
+  // A launched reduction of one bucket: where its result lands.
+  struct InFlight {
+    comm::WorkHandle work;
+    at::Tensor staging;     // keeps the buffer alive until the reduction is done
+    at::Tensor result;      // this rank's part of the bucket (a view of `staging`), or undefined
+    int64_t shard_pos = 0;  // where `result` lands in this rank's gradient shard
+    int slot = -1;          // the staging slot to free, or -1
+  };
+
+  // `params`: the trainable parameters, distinct, on one device, already views into their
+  // groups' flat buffers; `segments` their places in the flat gradient space; `groups` the
+  // groups in flat order and `param_group` each parameter's (empty: all in group 0). The derived
+  // class sets up its buffers, then calls install_hooks().
+  GradReducer(std::vector<at::Tensor> params, std::vector<std::string> names,
+              std::vector<std::pair<int64_t, int64_t>> segments, std::vector<GroupGeometry> groups,
+              std::vector<int> param_group, comm::Communicator& comm, ReduceOptions options);
+  void install_hooks();
+  // For the derived destructor: waits for the reductions in flight (a backward that threw).
+  void drain_quietly();
+
+  // ----- what a gradient path decides; *_locked run under mu_ -----
+  virtual bool reduces_every_backward() const { return false; }
+  // Before the lock is taken in prepare_backward: point each .grad where autograd should put it.
+  virtual void before_backward() {}
+  virtual void reset_locked() {}
+  // Just before `param`'s gradient is accumulated in a reducing backward (its bucket is not
+  // launched yet).
+  virtual void on_arriving_locked(int /*param*/, Bucket& /*b*/) {}
+  // Whether `b` may go now that it is complete and next in order.
+  virtual bool may_launch_locked(const Bucket& /*b*/) const { return true; }
+  virtual void launch_locked(Bucket& b) = 0;
+  // When the last gradient of `b` arrived (or the bucket was counted complete) in a reducing
+  // backward; before it is launched.
+  virtual void on_bucket_complete_locked(Bucket& /*b*/) {}
+  // After a reduction was waited for (the slot is freed right after).
+  virtual void on_reduced_locked(InFlight& /*f*/) {}
+  virtual void release_slot_locked(int /*slot*/) {}
+  // After finish_backward waited for everything, unlocked.
+  virtual void after_finish() {}
+
+  // Waits for the oldest reduction in flight, then on_reduced_locked and release_slot_locked
+  // (the slot is released even when the wait throws).
+  void retire_oldest_locked();
+  // Retires the reductions already done, oldest first, without waiting.
+  void retire_completed_locked();
+  // The part of bucket `b` inside each rank's shard of its group (consecutive, possibly empty),
+  // and where this rank's part starts in the flat gradient space.
+  std::vector<int64_t> rank_counts(const Bucket& b, int64_t* own_start) const;
+  // DeepSpeed's order of scaling (engine.allreduce_bucket): with prescale_gradients divide by the
+  // world size before summing; otherwise divide by gradient_predivide_factor before and multiply
+  // by predivide / world after. Both give the mean over ranks.
+  void prescale(at::Tensor& t) const;
+  double postscale_factor() const;
+
+  std::vector<at::Tensor> params_;
+  std::vector<std::string> names_;
+  std::vector<std::pair<int64_t, int64_t>> segments_;
+  std::vector<GroupGeometry> groups_;
+  std::vector<int> param_group_;
+  comm::Communicator& comm_;
+  ReduceOptions options_;
+  at::TensorOptions buffer_options_;  // training dtype, the parameters' device
+  std::vector<Bucket> buckets_;
+  std::vector<int> bucket_of_param_;
+
+  mutable std::mutex mu_;
+  bool reducing_ = false;
+  bool finishing_ = false;  // in finish_backward, launching what is left
+  std::deque<InFlight> in_flight_;
+
+ private:
+  void on_grad_arriving(int param);
+  void on_grad_ready(int param);
+  // Marks `param` as having its gradient for this backward; launches what is ready.
+  void mark_ready_locked(int param);
+  void launch_in_order_locked();
+  // The gradient accumulators `loss` reaches (empty: unknown, assume all).
+  std::vector<char> reachable_from(const at::Tensor& loss) const;
+
+  // Per parameter in this backward: 0 nothing yet, 1 its gradient came, 2 the loss cannot reach
+  // it (counted ready before backward).
+  std::vector<char> got_grad_;
+  bool late_gradient_ = false;
+  size_t next_bucket_ = 0;
+  // The hooked gradient accumulators (kept alive) and their hooks, removed on destruction so a
+  // model that outlives its engine never calls into a dead reducer.
+  struct Hooks {
+    std::shared_ptr<torch::autograd::Node> acc;
+    uintptr_t post_key;
+    const torch::autograd::FunctionPreHook* pre;
+  };
+  std::vector<Hooks> hooks_;
+};
+
+}  // namespace dscpp::zero

@@ -1,0 +1,14 @@
+# Sources of src/zero (the ZeRO stages: the flat partition, the gradient paths, one strategy per
+# stage family), appended to the dscpp library.
+target_sources(dscpp PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/partition.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/reducer.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/grad_buffer.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/all_reduce.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/reduce_scatter.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/gather.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/stage0.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/stage1_2.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/stage3.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/fetcher.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/unit_call.cpp)

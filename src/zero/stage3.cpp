@@ -1,0 +1,624 @@
+// ZeRO stage 3 (stage3.h): set-up (units, shards, the resident group), the units' gather and
+// release, and the step's part.
+#include "zero/stage3.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "dscpp/error.h"
+#include "util/log.h"
+#include "zero/gather.h"
+#include "zero/unit_functions.h"
+
+namespace dscpp::zero {
+namespace {
+
+// '*' matches any run of characters, '?' one.
+bool glob_match(const char* pattern, const char* text) {
+  if (*pattern == '\0') return *text == '\0';
+  if (*pattern == '*') {
+    for (const char* t = text;; ++t) {
+      if (glob_match(pattern + 1, t)) return true;
+      if (*t == '\0') return false;
+    }
+  }
+  if (*text == '\0') return false;
+  if (*pattern != '?' && *pattern != *text) return false;
+  return glob_match(pattern + 1, text + 1);
+}
+
+// Copies the piece of `values` (a parameter at `offset` of a flat buffer) that falls in this
+// rank's shard [shard_begin, shard_begin + shard_len) into `shard` (and the part tap at
+// part_base + its place in the shard).
+void take_shard(int64_t offset, const at::Tensor& values, int64_t shard_begin, int64_t shard_len,
+                const at::Tensor& shard, int64_t part_base, const PartTap& tap) {
+  const int64_t lo = std::max(offset, shard_begin);
+  const int64_t hi = std::min(offset + values.numel(), shard_begin + shard_len);
+  if (lo >= hi) return;
+  at::Tensor piece = values.narrow(0, lo - offset, hi - lo);
+  if (shard.defined()) shard.narrow(0, lo - shard_begin, hi - lo).copy_(piece);
+  if (tap) tap(part_base + lo - shard_begin, piece);
+}
+
+std::string fmt_paths(const std::vector<std::string>& paths) {
+  std::string out;
+  for (const auto& p : paths) out += (out.empty() ? "\"" : ", \"") + p + "\"";
+  return out;
+}
+
+// One 52-bit hash of a sequence of unit indices (exact in a double).
+double order_hash(const std::vector<int>& order) {
+  uint64_t h = 1469598103934665603ull;
+  for (int u : order) {
+    h ^= static_cast<uint64_t>(u) + 0x9e3779b97f4a7c15ull;
+    h *= 1099511628211ull;
+  }
+  return static_cast<double>(h >> 12);
+}
+
+}  // namespace
+
+// ----- set-up ---------------------------------------------------------------------------------
+
+Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& comm,
+               const StrategyOptions& options, const Stage3Options& s3,
+               const PartTapFactory& make_tap)
+    : comm_(comm), s3_(s3), fetcher_(comm, s3.debug), model_(&model) {
+  DSCPP_CHECK(!np.params.empty(), ConfigError,
+              "the model has no trainable parameters (requires_grad). HINT: nothing to train");
+  const int world = comm_.world_size(), rank = comm_.rank();
+  const auto device = np.params[0].device();
+  options_ = np.params[0].options().dtype(options.reduce.dtype).requires_grad(false);
+  allgather_bucket_size_ = options.allgather_bucket_size;
+  find_units(model, s3.units);
+
+  // Each trainable parameter's unit (the first unit whose subtree holds it), or none.
+  // A parameter shared by two units would be released by one while the other runs: refused.
+  std::unordered_map<const void*, int> owner;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    for (const auto& item : units_[u].module->named_parameters(/*recurse=*/true)) {
+      auto [it, fresh] = owner.emplace(item.value().unsafeGetTensorImpl(), static_cast<int>(u));
+      DSCPP_CHECK(fresh || it->second == static_cast<int>(u) || !item.value().requires_grad(),
+                  ConfigError, "parameter '", item.key(), "' of stage-3 unit '",
+                  units_[u].storage.name, "' also belongs to unit '",
+                  units_[it->second].storage.name,
+                  "' (a tied parameter). HINT: make one unit "
+                  "of the module that owns it and call it for every use (as the GPT does with "
+                  "wte), or leave the modules that share it out of InitOptions::zero_units");
+    }
+  }
+  NamedParams resident;
+  std::vector<NamedParams> sharded(units_.size());
+  for (size_t i = 0; i < np.params.size(); ++i) {
+    const at::Tensor& p = np.params[i];
+    DSCPP_CHECK(p.scalar_type() == at::kFloat && p.device() == device, ConfigError, "parameter '",
+                np.names[i], "' is ", p.scalar_type(), " on ", p.device(),
+                "; dscpp keeps the model in fp32 on one device and casts for mixed precision "
+                "itself. HINT: build the model in fp32 on one device");
+    numel_ += p.numel();
+    auto it = owner.find(p.unsafeGetTensorImpl());
+    const bool shard_it = it != owner.end() && p.numel() >= s3_.persistence_threshold;
+    NamedParams& dst = shard_it ? sharded[it->second] : resident;
+    dst.params.push_back(p);
+    dst.names.push_back(np.names[i]);
+  }
+
+  // This rank's part: its shard of the resident group, then its shard of each unit.
+  resident_layout_ = FlatLayout::of(resident.params, world);
+  const int64_t resident_shard = resident_layout_.shard;
+  int64_t shard_total = 0;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    units_[u].layout = FlatLayout::of(sharded[u].params, world);
+    units_[u].part_offset = resident_shard + shard_total;
+    shard_total += units_[u].layout.shard;
+  }
+  part_numel_ = resident_shard + shard_total;
+  tap_ = make_tap ? make_tap(part_numel_) : PartTap();
+  const PartTap& tap = tap_;
+  resident_params_ = resident.params;
+
+  // The resident group: whole on every rank (stage 2's path), first in the flat space.
+  if (resident.params.empty()) {
+    resident_flat_ = at::zeros({0}, options_);
+  } else {
+    const int64_t begin = resident_layout_.shard_offset(rank);
+    FlattenTap rtap;
+    if (tap) {
+      rtap = [&](int64_t off, const at::Tensor& values) {
+        take_shard(off, values, begin, resident_shard, at::Tensor(), 0, tap);
+      };
+    }
+    resident_flat_ = flatten_parameters(resident.params, resident.names, resident_layout_,
+                                        options.reduce.dtype, rtap);
+  }
+
+  // The units: each one's large parameters sharded; this rank keeps its shards in shards_.
+  shards_ = at::zeros({shard_total}, options_);
+  {
+    at::NoGradGuard no_grad;
+    for (size_t u = 0; u < units_.size(); ++u) {
+      Unit& unit = units_[u];
+      const FlatLayout& l = unit.layout;
+      unit.storage.full = at::empty({l.padded}, options_);
+      unit.storage.shard = shards_.narrow(0, unit.part_offset - resident_shard, l.shard);
+      for (size_t i = 0; i < sharded[u].params.size(); ++i) {
+        at::Tensor p = sharded[u].params[i];
+        auto [off, n] = l.segments[i];
+        take_shard(off, p.detach().reshape({-1}), l.shard_offset(rank), l.shard, unit.storage.shard,
+                   unit.part_offset, tap);
+        // The parameter becomes a view of the unit's storage; its fp32 original is freed.
+        p.set_data(unit.storage.full.narrow(0, off, n).view(p.sizes()));
+      }
+      ParamFetcher::swap_out(unit.storage);
+    }
+  }
+
+  // The reducer: the resident group (group 0, its buckets last), then the units in order.
+  std::vector<at::Tensor> params = resident.params;
+  std::vector<std::string> names = resident.names;
+  std::vector<std::pair<int64_t, int64_t>> segments = resident_layout_.segments;
+  std::vector<int> param_group(resident.params.size(), 0);
+  std::vector<GroupGeometry> groups{{0, resident_layout_.padded, resident_shard, 0}};
+  int64_t base = resident_layout_.padded;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Unit& unit = units_[u];
+    unit.group = static_cast<int>(groups.size());
+    groups.push_back({base, unit.layout.padded, unit.layout.shard, unit.part_offset});
+    for (size_t i = 0; i < sharded[u].params.size(); ++i) {
+      params.push_back(sharded[u].params[i]);
+      names.push_back(sharded[u].names[i]);
+      segments.emplace_back(base + unit.layout.segments[i].first, unit.layout.segments[i].second);
+      param_group.push_back(unit.group);
+    }
+    base += unit.layout.padded;
+  }
+  reducer_ = std::make_unique<SlotReducer>(std::move(params), std::move(names), std::move(segments),
+                                           std::move(groups), std::move(param_group), comm_,
+                                           options.reduce, /*resident_group=*/0,
+                                           [this](int group) { on_group_complete(group); });
+  register_units();
+  if (whole_model_unit_) {
+    DSCPP_LOG_INFO(
+        "ZeRO stage 3 without units (InitOptions::zero_units is empty): the whole "
+        "model is one unit, gathered between steps, so parameter memory in forward "
+        "and backward is not reduced; mark units (e.g. {{\"h.*\"}}) for that");
+    fetcher_.gather(units_[0].storage);
+    fetcher_.wait(units_[0].storage);
+  }
+  if (rank == 0) {
+    int64_t sharded_numel = 0;
+    for (const auto& u : units_) sharded_numel += u.layout.numel;
+    DSCPP_LOG_INFO(
+        "ZeRO stage 3: {} units, {} of {} parameter elements sharded, {} resident "
+        "(whole on every rank: below stage3_param_persistence_threshold {} or in no "
+        "unit)",
+        units_.size(), sharded_numel, numel_, resident_layout_.numel, s3_.persistence_threshold);
+  }
+}
+
+Stage3::~Stage3() {
+  // Backward nodes and zero::call must not reach this engine any more; units the engine holds
+  // whole (a whole-model unit between steps) keep their memory.
+  unregister_units();
+  for (auto& u : units_) {
+    try {
+      fetcher_.wait(u.storage);
+    } catch (...) {
+    }
+  }
+}
+
+void Stage3::find_units(torch::nn::Module& model, const UnitPolicy& policy) {
+  if (policy.empty()) {
+    whole_model_unit_ = true;
+    units_.emplace_back();
+    units_.back().module = &model;
+    units_.back().storage.name = "(the whole model)";
+    return;
+  }
+  std::vector<std::string> taken;  // paths of units found so far (their subtrees are theirs)
+  for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
+    const std::string& path = item.key();
+    bool inside = false;
+    for (const auto& t : taken) inside = inside || (path.rfind(t + ".", 0) == 0);
+    if (inside) continue;
+    bool match = false;
+    for (const auto& g : policy.paths) match = match || glob_match(g.c_str(), path.c_str());
+    if (!match) continue;
+    taken.push_back(path);
+    units_.emplace_back();
+    units_.back().module = item.value().get();
+    units_.back().storage.name = path.empty() ? "(root)" : path;
+  }
+  DSCPP_CHECK(!units_.empty(), ConfigError,
+              "InitOptions::zero_units matches no module of the "
+              "model (patterns: ",
+              fmt_paths(policy.paths),
+              "). HINT: module paths are "
+              "named_modules() keys such as \"h.0\"; use globs like \"h.*\"");
+}
+
+void Stage3::register_units() {
+  // Every module of the model: a unit, a module inside one, or a module in none (unit -1; with
+  // no policy every module is, so the model's own zero::calls stay plain calls).
+  std::vector<std::pair<const torch::nn::Module*, UnitEntry>> modules;
+  std::unordered_map<const torch::nn::Module*, UnitEntry> entry;
+  if (!whole_model_unit_) {
+    for (size_t u = 0; u < units_.size(); ++u) {
+      entry[units_[u].module] = UnitEntry{0, static_cast<int>(u), false};
+      for (const auto& m : units_[u].module->modules(/*include_self=*/false)) {
+        entry.emplace(m.get(), UnitEntry{0, static_cast<int>(u), true});
+      }
+    }
+  }
+  for (const auto& m : model_->modules(/*include_self=*/true)) {
+    auto it = entry.find(m.get());
+    modules.push_back({m.get(), it == entry.end() ? UnitEntry{} : it->second});
+  }
+  registry_id_ = registry::add(this, modules);
+}
+
+void Stage3::unregister_units() { registry::remove(registry_id_); }
+
+// ----- running a unit -------------------------------------------------------------------------
+
+template <typename Fn>
+bool Stage3::thread_through(std::vector<at::Tensor>& tensors, int64_t owner, int u) {
+  std::vector<size_t> diff;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].defined() && tensors[i].requires_grad()) diff.push_back(i);
+  }
+  if (diff.empty()) return false;
+  torch::autograd::variable_list xs;
+  for (size_t i : diff) xs.push_back(tensors[i]);
+  xs = Fn::apply(at::TensorList(xs), owner, static_cast<int64_t>(u));
+  for (size_t k = 0; k < diff.size(); ++k) tensors[diff[k]] = xs[k];
+  return true;
+}
+
+void Stage3::raise_deferred() {
+  if (deferred_error_.empty()) return;
+  std::string msg = std::move(deferred_error_);
+  deferred_error_.clear();
+  DSCPP_FAIL(Error, msg);
+}
+
+std::vector<at::Tensor> Stage3::run_unit(int u, const detail::UnitFn& fn,
+                                         const std::vector<at::Tensor>& inputs, bool recompute) {
+  raise_deferred();
+  DSCPP_CHECK(running_ < 0, Error, "stage-3 unit '", unit_name(u), "' was called while unit '",
+              unit_name(running_),
+              "' runs: units do not nest. HINT: make only one of them a "
+              "unit (InitOptions::zero_units), or call the inner one after the outer returns");
+  struct Running {
+    int& r;
+    ~Running() { r = -1; }
+  } running{running_};
+  if (!at::GradMode::is_enabled()) {
+    // No backward will follow (evaluation): gather, run, release; the record is not touched.
+    request(u, /*record=*/false);
+    running_ = u;
+    std::vector<at::Tensor> out = fn(inputs);
+    if (!whole_model_unit_ && units_[u].held == 0) fetcher_.release(units_[u].storage);
+    return out;
+  }
+  request(u, /*record=*/true);
+  running_ = u;
+  std::vector<at::Tensor> out;
+  if (recompute) {
+    ++units_[u].pending_inputs;  // the checkpoint's backward says when it is done
+    out = detail::checkpoint_apply(*units_[u].module, fn, inputs, registry_id_, u);
+  } else {
+    // Inputs that require grad go through UnitInputs, outputs through UnitOutputs (NOTE [stage 3
+    // backward]).
+    std::vector<at::Tensor> in = inputs;
+    if (thread_through<UnitInputs>(in, registry_id_, u)) ++units_[u].pending_inputs;
+    out = fn(in);
+    thread_through<UnitOutputs>(out, registry_id_, u);
+  }
+  maybe_release(u);
+  return out;
+}
+
+void Stage3::request(int u, bool record) {
+  Unit& unit = units_[u];
+  if (record) {
+    if (!following_ && !whole_model_unit_) check_request_across_ranks(u);
+    current_.push_back(u);
+    if (following_) {
+      if (cursor_ < record_.size() && record_[cursor_] == u) {
+        ++cursor_;
+      } else {
+        DSCPP_LOG_DEBUG(
+            "stage 3: unit '{}' was requested where the recorded order has '{}'; "
+            "prefetching stops for this pass and the next pass records again",
+            unit_name(u), cursor_ < record_.size() ? unit_name(record_[cursor_]) : "nothing");
+        following_ = false;
+        dropped_ = true;
+      }
+    }
+  }
+  if (!unit.storage.gathered) {
+    fetcher_.gather(unit.storage);
+    ++stats_.gathers;
+  }
+  if (unit.storage.work) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fetcher_.wait(unit.storage);
+    stats_.wait_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  if (record && following_) prefetch();
+}
+
+Strategy::FetchStats Stage3::take_fetch_stats() {
+  FetchStats s = stats_;
+  stats_ = FetchStats();
+  return s;
+}
+
+void Stage3::prefetch() {
+  // NOTE [stage 3 prefetch order]: the next requests' units, within the prefetch and live budgets.
+  if (s3_.prefetch_bucket_size <= 0) return;
+  const int64_t item = static_cast<int64_t>(c10::elementSize(options_.dtype().toScalarType()));
+  int64_t in_flight = 0;
+  for (size_t j = cursor_; j < record_.size(); ++j) {
+    if (in_flight >= s3_.prefetch_bucket_size) break;
+    Unit& v = units_[record_[j]];
+    const int64_t n = v.layout.padded;
+    if (v.storage.gathered) {
+      if (v.storage.work) in_flight += n;
+      continue;
+    }
+    if (fetcher_.live_bytes() / item + n > s3_.max_live_parameters) break;
+    fetcher_.gather(v.storage);
+    ++stats_.gathers;
+    ++stats_.prefetched;
+    in_flight += n;
+  }
+}
+
+bool Stage3::reused_soon(int u) const {
+  // Following the record: u's next request comes within stage3_max_reuse_distance elements.
+  if (!following_) return false;
+  int64_t distance = 0;
+  for (size_t j = cursor_; j < record_.size(); ++j) {
+    if (record_[j] == u) return distance <= s3_.max_reuse_distance;
+    distance += units_[record_[j]].layout.padded;
+  }
+  return false;
+}
+
+void Stage3::maybe_release(int u) {
+  Unit& unit = units_[u];
+  if (whole_model_unit_ || !unit.storage.gathered) return;
+  // In backward a unit goes once its gradients are in and its inputs passed (NOTE [stage 3
+  // backward]); in forward once its fn returned.
+  if (unit.in_backward && (!unit.grads_done || unit.pending_inputs > 0)) return;
+  if (unit.held > 0 || reused_soon(u)) return;
+  fetcher_.release(unit.storage);
+}
+
+void Stage3::enter_backward(int u) {
+  Unit& unit = units_[u];
+  unit.in_backward = true;
+  request(u, /*record=*/true);
+}
+
+void Stage3::inputs_done(int u) {
+  Unit& unit = units_[u];
+  if (unit.pending_inputs > 0) --unit.pending_inputs;
+  if (unit.grads_done && unit.pending_inputs == 0) maybe_release(u);
+}
+
+void Stage3::on_group_complete(int group) {
+  // Under the reducer's lock (reduce_scatter.h): every gradient of the group has arrived.
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (units_[u].group != group) continue;
+    units_[u].grads_done = true;
+    if (units_[u].pending_inputs == 0) maybe_release(static_cast<int>(u));
+  }
+}
+
+// ----- around the step ------------------------------------------------------------------------
+
+void Stage3::after_backward() {
+  raise_deferred();
+  // Every unit is released at the end of a pass (kept ones too), and the pass's order becomes the
+  // record when it was recorded (NOTE [stage 3 prefetch order]).
+  for (auto& u : units_) {
+    if (!whole_model_unit_ && u.held == 0) fetcher_.release(u.storage);
+    u.pending_inputs = 0;
+    u.in_backward = false;
+    u.grads_done = false;
+  }
+  if (!following_ || dropped_) {
+    if (!current_.empty() && !whole_model_unit_) check_order_across_ranks();
+    record_ = current_;
+    following_ = !record_.empty();
+  }
+  dropped_ = false;
+  current_.clear();
+  cursor_ = 0;
+}
+
+void Stage3::check_request_across_ranks(int u) {
+  // While recording (NOTE [stage 3 prefetch order]) every rank must request the same unit: one
+  // all-reduce of (u, -u) with max says which units the ranks asked for.
+  at::Tensor t = at::tensor({static_cast<double>(u), -static_cast<double>(u)}, at::kDouble)
+                     .to(options_.device());
+  comm_.all_reduce(t, comm::ReduceOp::max)->wait();
+  t = t.to(at::kCPU);
+  const int hi = static_cast<int>(t[0].item<double>()), lo = static_cast<int>(-t[1].item<double>());
+  if (hi == lo) return;
+  DSCPP_FAIL(Error, "the ranks ran different stage-3 units at the same point: this rank (",
+             comm_.rank(), ") ran '", unit_name(u), "' while another ran '",
+             unit_name(u == hi ? lo : hi), "' (request ", current_.size() + 1,
+             " of this forward "
+             "and backward); every rank must run the same units in the same order, since each "
+             "gathers its parameters from all ranks. HINT: make data-dependent branches take the "
+             "same path on every rank");
+}
+
+void Stage3::check_order_across_ranks() {
+  // One all-reduce of (hash, -hash) with max: every rank ran the same units in the same order
+  // exactly when max and -max(-hash) agree.
+  const double h = order_hash(current_);
+  at::Tensor t = at::tensor({h, -h}, at::kDouble).to(options_.device());
+  comm_.all_reduce(t, comm::ReduceOp::max)->wait();
+  t = t.to(at::kCPU);
+  const double hi = t[0].item<double>(), lo = -t[1].item<double>();
+  if (hi == lo) return;
+  std::string order;
+  for (size_t i = 0; i < current_.size() && i < 12; ++i) {
+    order += (i ? ", " : "") + unit_name(current_[i]);
+  }
+  if (current_.size() > 12) order += ", ...";
+  DSCPP_FAIL(Error,
+             "the stage-3 units ran in a different order on different ranks in this "
+             "forward and backward (rank ",
+             comm_.rank(), ": ", order,
+             "); every rank must run "
+             "the same units in the same order, since each gathers its parameters from all ranks. "
+             "HINT: make data-dependent branches take the same path on every rank");
+}
+
+// ----- GatheredParameters ---------------------------------------------------------------------
+
+int Stage3::open_scope(torch::nn::Module& module, std::optional<int> modifier) {
+  raise_deferred();
+  DSCPP_CHECK(running_ < 0, Error, "GatheredParameters opened while stage-3 unit '",
+              unit_name(running_),
+              "' runs: its parameters are gathered already there. HINT: "
+              "open the scope outside zero::call");
+  if (modifier) {
+    DSCPP_CHECK(*modifier >= 0 && *modifier < comm_.world_size(), Error,
+                "GatheredParameters modifier_rank ", *modifier, " is not a rank of this job (",
+                comm_.world_size(), " ranks)");
+    for (const auto& outer : scopes_) {
+      DSCPP_CHECK(!outer.modifier || *outer.modifier == *modifier, Error,
+                  "GatheredParameters with modifier_rank ", *modifier,
+                  " nested inside one with "
+                  "modifier_rank ",
+                  *outer.modifier,
+                  ": the inner changes would be overwritten "
+                  "when the outer scope closes. HINT: use one modifier rank for nested scopes");
+    }
+  }
+  std::unordered_set<const void*> mine;
+  for (const auto& p : module.parameters(/*recurse=*/true)) mine.insert(p.unsafeGetTensorImpl());
+  Scope scope;
+  scope.id = next_scope_++;
+  scope.modifier = modifier;
+  for (const auto& p : resident_params_)
+    scope.resident = scope.resident || mine.count(p.unsafeGetTensorImpl());
+  for (size_t u = 0; u < units_.size(); ++u) {
+    bool any = false;
+    for (const auto& p : units_[u].module->parameters(/*recurse=*/true)) {
+      any = any || mine.count(p.unsafeGetTensorImpl());
+    }
+    if (!any) continue;
+    scope.units.push_back(static_cast<int>(u));
+    ++units_[u].held;
+    if (!units_[u].storage.gathered) fetcher_.gather(units_[u].storage);
+  }
+  for (int u : scope.units) fetcher_.wait(units_[u].storage);
+  scopes_.push_back(scope);
+  return scope.id;
+}
+
+void Stage3::close_scope(int id) {
+  if (scopes_.empty() || scopes_.back().id != id) {
+    // Said at the next zero::call, scope or backward: a destructor had better not throw.
+    abandon_scope(id);
+    deferred_error_ =
+        "GatheredParameters scopes were closed out of order: a scope must close "
+        "before the one it was opened in (the out-of-order scope's changes were not "
+        "written back). HINT: keep scopes as nested blocks";
+    return;
+  }
+  Scope scope = scopes_.back();
+  scopes_.pop_back();
+  if (scope.modifier) {
+    if (scope.resident) write_back(-1, *scope.modifier);
+    for (int u : scope.units) write_back(u, *scope.modifier);
+  }
+  for (int u : scope.units) {
+    if (--units_[u].held == 0 && !whole_model_unit_ && running_ < 0)
+      fetcher_.release(units_[u].storage);
+  }
+}
+
+void Stage3::abandon_scope(int id) {
+  for (size_t i = scopes_.size(); i-- > 0;) {
+    if (scopes_[i].id != id) continue;
+    for (int u : scopes_[i].units) --units_[u].held;
+    scopes_.erase(scopes_.begin() + static_cast<std::ptrdiff_t>(i));
+    return;
+  }
+}
+
+void Stage3::write_back(int u, int root) {
+  at::NoGradGuard no_grad;
+  const int rank = comm_.rank();
+  // Broadcast in fp32: Gloo cannot broadcast every training dtype.
+  if (u < 0) {
+    at::Tensor f = resident_flat_.to(at::kFloat);
+    comm_.broadcast(f, root)->wait();
+    resident_flat_.copy_(f);
+    const int64_t s = resident_layout_.shard;
+    if (tap_ && s > 0) tap_(0, f.narrow(0, resident_layout_.shard_offset(rank), s));
+    return;
+  }
+  Unit& unit = units_[u];
+  at::Tensor f = unit.storage.full.to(at::kFloat);
+  comm_.broadcast(f, root)->wait();
+  unit.storage.full.copy_(f);
+  const int64_t s = unit.layout.shard;
+  at::Tensor mine = f.narrow(0, unit.layout.shard_offset(rank), s);
+  unit.storage.shard.copy_(mine);
+  if (tap_) tap_(unit.part_offset, mine);
+}
+
+void Stage3::before_update() {
+  if (whole_model_unit_) fetcher_.release(units_[0].storage);  // the step runs on the shards
+}
+
+void Stage3::reduce_accumulated() {
+  DSCPP_FAIL(Error, "internal: stage 3 reduces in every backward");
+}
+
+std::vector<Part> Stage3::parts() {
+  std::vector<Part> out;
+  const at::Tensor g = reducer_->grad_shard();
+  const int64_t rs = resident_layout_.shard;
+  if (rs > 0) {
+    out.push_back(Part{resident_flat_.narrow(0, resident_layout_.shard_offset(comm_.rank()), rs),
+                       g.narrow(0, 0, rs), 0});
+  }
+  if (shards_.numel() > 0) out.push_back(Part{shards_, g.narrow(0, rs, shards_.numel()), rs});
+  return out;
+}
+
+void Stage3::publish_params() {
+  // The resident group is all-gathered as at stage 2; units keep only their (updated) shards.
+  if (resident_layout_.padded > 0) {
+    gather_in_place(comm_, resident_flat_, resident_layout_.shard, allgather_bucket_size_);
+  }
+  if (whole_model_unit_) {
+    fetcher_.gather(units_[0].storage);
+    fetcher_.wait(units_[0].storage);
+  }
+}
+
+int64_t Stage3::param_bytes() const {
+  return static_cast<int64_t>(resident_flat_.nbytes() + shards_.nbytes());
+}
+
+}  // namespace dscpp::zero

@@ -1,0 +1,187 @@
+// ZeRO stage 3: parameters sharded too. The model is cut into units (submodules chosen by a
+// zero::UnitPolicy); each unit's large parameters form one flat group, sharded 1/N per rank
+// (NOTE [flat partition]), and a unit's full parameters exist only while it runs: zero::call
+// gathers them (ParamFetcher, NOTE [unit storage]), runs the unit, releases them, and backward
+// gathers them again before the unit's gradients are computed (NOTE [stage 3 backward]).
+// Parameters below stage3_param_persistence_threshold and parameters in no unit stay whole on
+// every rank (the resident group, stage 2's path). The gradients of a unit are reduce-scattered
+// into this rank's gradient shard through stage 2's staging slots (reduce_scatter.h).
+//
+// NOTE [stage 3 backward]: zero::call threads two autograd functions through a unit: UnitOutputs
+// on its outputs, whose backward runs before any of the unit's own backward and gathers the unit
+// (waiting for a prefetch), and UnitInputs on its inputs, whose backward runs after the unit's
+// own. A unit is released in backward once every gradient of its parameters has arrived (the
+// reducer says so per group) and every UnitInputs of its calls has run: then no node that saved
+// its parameters is left to run.
+//
+// NOTE [stage 3 prefetch order]: the first step records the order in which units are requested
+// (forward, then backward), and all ranks compare one hash of it. Later steps follow the record:
+// after serving request i, the units of the next requests are gathered ahead while their
+// elements stay within stage3_prefetch_bucket_size (and the live units within
+// stage3_max_live_parameters), and a unit whose next request comes within
+// stage3_max_reuse_distance elements of gathering is kept instead of released. Every decision
+// depends on the record alone, so every rank issues the same all-gathers in the same order. When
+// a request differs from the record, the record is dropped (debug log), units are gathered on
+// demand for the rest of the step, and the next step records again.
+//
+// A model with no policy is one unit, the whole model: its full parameters are kept between steps
+// (its forward runs without zero::call) and released while the optimizer steps on the shards;
+// the engine says once that parameter memory in forward is not reduced.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dscpp/zero.h"
+#include "zero/fetcher.h"
+#include "zero/reduce_scatter.h"
+#include "zero/strategy.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace dscpp::zero {
+
+struct Stage3Options {
+  UnitPolicy units;
+  int64_t persistence_threshold = 100000;   // elements: smaller parameters stay whole
+  int64_t prefetch_bucket_size = 50000000;  // elements gathered ahead (0: no prefetch)
+  int64_t max_live_parameters = 1000000000;
+  int64_t max_reuse_distance = 1000000000;
+  bool debug = false;  // released units are NaN-filled instead of freed (fetcher.h)
+};
+
+// Sees the fp32 values of this rank's part as stage 3 shards the model: (offset in the part,
+// values). Under mixed precision the master weights take them.
+using PartTap = std::function<void(int64_t part_offset, const at::Tensor& values)>;
+// Called once the part's length is known, before any value is taken; returns the tap.
+using PartTapFactory = std::function<PartTap(int64_t part_numel)>;
+
+class Stage3 final : public Strategy {
+ public:
+  // `np`: model's trainable parameters (fp32, whole, every rank already holding rank 0's values).
+  Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& comm,
+         const StrategyOptions& options, const Stage3Options& s3, const PartTapFactory& make_tap);
+  ~Stage3() override;
+
+  // ----- Strategy
+  int64_t numel() const override { return numel_; }
+  int64_t part_numel() const override { return part_numel_; }
+  bool replicated() const override { return false; }
+  int64_t part_begin() const override { return 0; }
+  at::Tensor flat_params() const override { return at::Tensor(); }
+  at::TensorOptions options() const override { return options_; }
+  GradReducer& reducer() override { return *reducer_; }
+  bool reduces_every_backward() const override { return true; }
+  void reduce_accumulated() override;
+  std::vector<Part> parts() override;
+  void after_backward() override;
+  void before_update() override;
+  void publish_params() override;
+  int64_t param_bytes() const override;
+  int64_t gathered_peak_bytes() const override { return fetcher_.peak_live_bytes(); }
+  FetchStats take_fetch_stats() override;
+
+  // ----- zero::call (unit_call.cpp) and the units' autograd functions
+  int num_units() const { return static_cast<int>(units_.size()); }
+  const std::string& unit_name(int u) const { return units_[u].storage.name; }
+  // Runs `fn` as unit `u` (zero::call / zero::checkpoint).
+  std::vector<at::Tensor> run_unit(int u, const detail::UnitFn& fn,
+                                   const std::vector<at::Tensor>& inputs, bool recompute);
+  // Backward reached u's outputs (UnitOutputs / a checkpoint's recompute): gathers u.
+  void enter_backward(int u);
+  // Backward passed u's inputs (UnitInputs / a checkpoint's end).
+  void inputs_done(int u);
+
+  // ----- GatheredParameters (include/dscpp/zero.h); a collective
+  // Gathers the units that hold `module`'s parameters; returns the scope's id.
+  int open_scope(torch::nn::Module& module, std::optional<int> modifier_rank);
+  // Writes the modifier rank's values back (if any) and releases the scope's units.
+  void close_scope(int scope);
+  // Closes the scope without communicating (an exception is unwinding).
+  void abandon_scope(int scope);
+
+ private:
+  struct Unit {
+    torch::nn::Module* module = nullptr;
+    FlatLayout layout;
+    int group = 0;            // in the reducer
+    int64_t part_offset = 0;  // of its shard in this rank's part
+    FetchUnit storage;
+    int held = 0;  // GatheredParameters scopes holding it gathered
+    // In the current backward (NOTE [stage 3 backward]).
+    int pending_inputs = 0;  // UnitInputs made in forward whose backward has not run
+    bool in_backward = false;
+    bool grads_done = false;
+  };
+  void find_units(torch::nn::Module& model, const UnitPolicy& policy);
+  // Ensures u is gathered and its all-gather done; with `record`, records / follows the order
+  // and prefetches (NOTE [stage 3 prefetch order]).
+  void request(int u, bool record);
+  void prefetch();
+  // Whether u's next request in the record comes within stage3_max_reuse_distance elements.
+  bool reused_soon(int u) const;
+  // Releases u unless backward still needs it or it is reused soon.
+  void maybe_release(int u);
+  void on_group_complete(int group);
+  void check_order_across_ranks();
+  void check_request_across_ranks(int u);
+  // Throws the error a destructor could not (a scope closed out of order), once.
+  void raise_deferred();
+  // Replaces the tensors that require grad by Fn's outputs (UnitInputs / UnitOutputs) over them;
+  // false when none does.
+  template <typename Fn>
+  static bool thread_through(std::vector<at::Tensor>& tensors, int64_t owner, int u);
+  // Rank `root`'s values of u's (or the resident group's, u = -1) parameters become every
+  // rank's, in the shard and through the part tap (master weights).
+  void write_back(int u, int root);
+  void register_units();
+  void unregister_units();
+
+  comm::Communicator& comm_;
+  Stage3Options s3_;
+  at::TensorOptions options_;
+  int64_t numel_ = 0, part_numel_ = 0;
+  bool whole_model_unit_ = false;  // no policy: the model is one unit
+
+  FlatLayout resident_layout_;
+  at::Tensor resident_flat_;  // [padded] the resident group's parameters (whole on every rank)
+  int64_t allgather_bucket_size_ = 0;
+  std::vector<Unit> units_;
+  at::Tensor shards_;  // [sum of the units' shards] this rank's shards, training dtype
+  std::unique_ptr<SlotReducer> reducer_;
+  ParamFetcher fetcher_;
+  int running_ = -1;  // the unit whose fn runs now (units do not nest)
+  int64_t registry_id_ = 0;
+  torch::nn::Module* model_ = nullptr;
+  PartTap tap_;  // mixed precision: the master weights take written-back values through it
+  std::vector<at::Tensor> resident_params_;
+  // Open GatheredParameters scopes, innermost last: the units each gathered (-1: the resident
+  // group) and its modifier rank.
+  struct Scope {
+    int id;
+    std::vector<int> units;
+    bool resident = false;
+    std::optional<int> modifier;
+  };
+  std::vector<Scope> scopes_;
+  std::string deferred_error_;
+  int next_scope_ = 0;
+
+  // NOTE [stage 3 prefetch order]
+  std::vector<int> record_;   // requests of the recorded step
+  std::vector<int> current_;  // requests of this step so far
+  bool following_ = false;    // this step follows record_
+  bool dropped_ = false;      // this pass left the record
+  size_t cursor_ = 0;         // next expected request in record_
+  FetchStats stats_;
+};
+
+}  // namespace dscpp::zero

@@ -1,0 +1,109 @@
+// Strategy: one ZeRO stage family, as the engine's step sees it. Each family lives in its own
+// file (stage0.cpp: data parallelism; stage1_2.cpp: optimizer state and gradients sharded;
+// stage3.cpp: parameters sharded too, gathered unit by unit), owns
+// the parameters' storage and a gradient path (reducer.h), and answers the step's questions in
+// the order the step asks them (src/engine/step.cpp):
+//
+//   backward   reducer().prepare_backward(...), loss.backward(), reducer().finish_backward()
+//   boundary   reduce_accumulated() when the boundary backward did not reduce (stages 0-1)
+//   update     parts(): this rank's parameters (training dtype) and averaged gradients, as
+//              contiguous pieces of the optimizer's buffer; the engine runs the optimizer on them
+//              (through the fp32 master weights under mixed precision, src/precision/)
+//              publish_params(): every rank's parameters are current again (stages 1-2: the
+//              updated shards are all-gathered)
+//              reducer().zero_grads()
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "dscpp/comm.h"
+#include "zero/partition.h"
+#include "zero/reducer.h"
+
+namespace dscpp::zero {
+
+struct StrategyOptions {
+  int stage = 0;
+  ReduceOptions reduce;               // bucket size already capped (NOTE [bucket cap])
+  int64_t allgather_bucket_size = 0;  // stages 1-2, already capped
+  int64_t side_channel = 0;           // stage 0 fp32: statistics elements (NOTE [side channel])
+};
+
+// A contiguous piece of what this rank updates: params [n] in the training dtype, the averaged
+// gradient [n] in the training dtype, and where the piece starts in the optimizer's buffer.
+struct Part {
+  at::Tensor params;
+  at::Tensor grads;
+  int64_t offset = 0;
+};
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+
+  // Trainable elements, and how many of them this rank updates (its part).
+  virtual int64_t numel() const = 0;
+  virtual int64_t part_numel() const = 0;
+  // Whether every rank holds the whole averaged gradient (stage 0): the gradient norm needs no
+  // sum over ranks.
+  virtual bool replicated() const = 0;
+  // Where this rank's part starts in the flat buffer of the whole model (NOTE [flat partition]).
+  virtual int64_t part_begin() const = 0;
+  // [offset, numel) of each parameter in the optimizer's buffer, for optimizers that need whole
+  // parameters (Lamb); empty when the part does not hold whole parameters.
+  virtual std::vector<std::pair<int64_t, int64_t>> optimizer_segments() const { return {}; }
+  // The trainable parameters as one flat tensor [numel] in the training dtype (rank 0's are
+  // broadcast at start-up); undefined at stage 3, which shards them as it sets up.
+  virtual at::Tensor flat_params() const = 0;
+  // The training dtype and the parameters' device.
+  virtual at::TensorOptions options() const = 0;
+
+  virtual GradReducer& reducer() = 0;
+  // Whether every backward reduces (stage 2): then the boundary never has gradients left to
+  // reduce and no_sync() is refused.
+  virtual bool reduces_every_backward() const = 0;
+  // Reduces the gradients accumulated without reduction (no_sync, or a flush); stages 0-1.
+  virtual void reduce_accumulated() = 0;
+  // Stage 0 fp32: the statistics that ride in the gradient all-reduce (NOTE [side channel]);
+  // otherwise an empty tensor.
+  virtual at::Tensor side_channel() const { return at::Tensor(); }
+
+  // After every backward (reduced or not), once finish_backward returned.
+  virtual void after_backward() {}
+  // At the boundary, before the optimizer runs on parts().
+  virtual void before_update() {}
+  virtual std::vector<Part> parts() = 0;
+  virtual void publish_params() = 0;
+
+  // Bytes held for the parameters, the gradients between steps and the staging buffers.
+  virtual int64_t param_bytes() const = 0;
+  // Stage 3: the most bytes of gathered unit parameters held at once so far.
+  virtual int64_t gathered_peak_bytes() const { return 0; }
+  // Stage 3: seconds the training thread waited for parameter all-gathers since the last call,
+  // and how many gathers were issued and how many of them ahead of their request (prefetch).
+  struct FetchStats {
+    double wait_seconds = 0;
+    int64_t gathers = 0, prefetched = 0;
+  };
+  virtual FetchStats take_fetch_stats() { return {}; }
+  int64_t grad_bytes() { return reducer().grad_bytes(); }
+  int64_t staging_bytes() { return reducer().staging_bytes(); }
+};
+
+// The stage's strategy over `np` (fp32, one device), laid out by `layout` (FlatLayout::of(np,
+// world)). The parameters become views into a flat buffer of options.reduce.dtype; `tap` sees
+// each parameter's fp32 values first (partition.h).
+std::unique_ptr<Strategy> make_stage0(NamedParams np, const FlatLayout& layout,
+                                      comm::Communicator& comm, const StrategyOptions& options,
+                                      const FlattenTap& tap);
+// Stage 3 (stage3.h) is built by make_stage3 there.
+std::unique_ptr<Strategy> make_stage1_2(NamedParams np, const FlatLayout& layout,
+                                        comm::Communicator& comm, const StrategyOptions& options,
+                                        const FlattenTap& tap);
+
+}  // namespace dscpp::zero

@@ -1,0 +1,258 @@
+// zero::call and zero::checkpoint (include/dscpp/zero.h): the registry of stage-3 units, and the
+// autograd functions threaded through a unit (unit_functions.h, NOTE [stage 3 backward]).
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/nn/module.h>
+
+#include <mutex>
+#include <unordered_map>
+
+#include "dscpp/error.h"
+#include "zero/stage3.h"
+#include "zero/unit_functions.h"
+
+namespace dscpp::zero {
+
+// ----- the registry ---------------------------------------------------------------------------
+
+namespace registry {
+namespace {
+
+struct State {
+  std::mutex mu;
+  int64_t next_id = 1;
+  std::unordered_map<int64_t, Stage3*> owners;
+  std::unordered_map<const torch::nn::Module*, UnitEntry> modules;
+};
+
+State& state() {
+  static State s;
+  return s;
+}
+
+}  // namespace
+
+int64_t add(Stage3* owner,
+            const std::vector<std::pair<const torch::nn::Module*, UnitEntry>>& modules) {
+  State& s = state();
+  std::lock_guard<std::mutex> g(s.mu);
+  const int64_t id = s.next_id++;
+  s.owners[id] = owner;
+  for (const auto& [m, e] : modules) {
+    UnitEntry entry = e;
+    entry.owner = id;
+    auto [it, fresh] = s.modules.emplace(m, entry);
+    DSCPP_CHECK(fresh || s.owners.count(it->second.owner) == 0, ConfigError,
+                "a module of this model is already a stage-3 unit of another live engine. HINT: "
+                "give each engine its own model");
+    it->second = entry;
+  }
+  return id;
+}
+
+void remove(int64_t owner) {
+  State& s = state();
+  std::lock_guard<std::mutex> g(s.mu);
+  s.owners.erase(owner);
+  for (auto it = s.modules.begin(); it != s.modules.end();) {
+    if (it->second.owner == owner)
+      it = s.modules.erase(it);
+    else
+      ++it;
+  }
+}
+
+bool find(const torch::nn::Module* module, UnitEntry* entry) {
+  State& s = state();
+  std::lock_guard<std::mutex> g(s.mu);
+  auto it = s.modules.find(module);
+  if (it == s.modules.end()) return false;
+  *entry = it->second;
+  return true;
+}
+
+Stage3* owner(int64_t id) {
+  State& s = state();
+  std::lock_guard<std::mutex> g(s.mu);
+  auto it = s.owners.find(id);
+  return it == s.owners.end() ? nullptr : it->second;
+}
+
+}  // namespace registry
+
+namespace {
+
+Stage3& owner_or_fail(int64_t id, int64_t unit) {
+  Stage3* s = registry::owner(id);
+  DSCPP_CHECK(s, Error, "backward reached stage-3 unit ", unit,
+              " of an engine that no longer "
+              "exists. HINT: keep the engine alive until backward has run");
+  return *s;
+}
+
+}  // namespace
+
+// ----- the autograd functions -----------------------------------------------------------------
+
+template <UnitSide kSide>
+torch::autograd::variable_list UnitBoundary<kSide>::forward(torch::autograd::AutogradContext* ctx,
+                                                            at::TensorList tensors, int64_t owner,
+                                                            int64_t unit) {
+  ctx->saved_data["owner"] = owner;
+  ctx->saved_data["unit"] = unit;
+  return tensors.vec();
+}
+
+template <UnitSide kSide>
+torch::autograd::variable_list UnitBoundary<kSide>::backward(torch::autograd::AutogradContext* ctx,
+                                                             torch::autograd::variable_list grads) {
+  const int64_t unit = ctx->saved_data["unit"].toInt();
+  Stage3& s = owner_or_fail(ctx->saved_data["owner"].toInt(), unit);
+  if (kSide == UnitSide::kOutputs)
+    s.enter_backward(static_cast<int>(unit));
+  else
+    s.inputs_done(static_cast<int>(unit));
+  grads.resize(grads.size() + 2);  // none for owner and unit
+  return grads;
+}
+
+template struct UnitBoundary<UnitSide::kOutputs>;
+template struct UnitBoundary<UnitSide::kInputs>;
+
+namespace {
+
+// Keeps a checkpointed unit's fn (and module) alive in its autograd node until backward.
+struct FnHolder : torch::CustomClassHolder {
+  std::shared_ptr<detail::UnitFn> fn;
+  torch::nn::Module* module = nullptr;
+};
+
+}  // namespace
+
+torch::autograd::variable_list CheckpointFn::forward(torch::autograd::AutogradContext* ctx,
+                                                     at::TensorList inputs,
+                                                     std::shared_ptr<detail::UnitFn> fn,
+                                                     torch::nn::Module* module, int64_t owner,
+                                                     int64_t unit) {
+  auto holder = c10::make_intrusive<FnHolder>();
+  holder->fn = fn;
+  holder->module = module;
+  ctx->saved_data["fn"] = c10::IValue::make_capsule(holder);
+  ctx->saved_data["owner"] = owner;
+  ctx->saved_data["unit"] = unit;
+  // The last input is a scalar that requires grad, so the node exists even when no real input
+  // does (a unit fed token ids): its parameters' gradients come from the recomputation.
+  torch::autograd::variable_list in = inputs.slice(0, inputs.size() - 1).vec();
+  ctx->save_for_backward(in);
+  at::NoGradGuard no_grad;  // forward keeps no activations (Function::apply runs us without grad)
+  return (*fn)(in);
+}
+
+torch::autograd::variable_list CheckpointFn::backward(torch::autograd::AutogradContext* ctx,
+                                                      torch::autograd::variable_list grads) {
+  auto holder = c10::static_intrusive_pointer_cast<FnHolder>(ctx->saved_data["fn"].toCapsule());
+  const int64_t owner = ctx->saved_data["owner"].toInt();
+  const int unit = static_cast<int>(ctx->saved_data["unit"].toInt());
+  Stage3* stage3 = owner ? &owner_or_fail(owner, unit) : nullptr;
+  if (stage3) stage3->enter_backward(unit);
+  // Recompute with autograd on, from detached copies of the inputs, then backpropagate through
+  // the recomputation: the parameters' gradients accumulate as usual, the inputs' are returned.
+  torch::autograd::variable_list saved = ctx->get_saved_variables();
+  torch::autograd::variable_list inputs;
+  for (const auto& t : saved) {
+    at::Tensor d = t.detach();
+    if (t.requires_grad()) d.requires_grad_(true);
+    inputs.push_back(d);
+  }
+  torch::autograd::variable_list outputs;
+  {
+    at::AutoGradMode enable(true);
+    outputs = (*holder->fn)(inputs);
+  }
+  torch::autograd::variable_list outs, out_grads;
+  for (size_t i = 0; i < outputs.size() && i < grads.size(); ++i) {
+    if (outputs[i].requires_grad() && grads[i].defined()) {
+      outs.push_back(outputs[i]);
+      out_grads.push_back(grads[i]);
+    }
+  }
+  if (!outs.empty()) torch::autograd::backward(outs, out_grads);
+  torch::autograd::variable_list in_grads;
+  for (const auto& t : inputs) in_grads.push_back(t.requires_grad() ? t.grad() : at::Tensor());
+  in_grads.push_back(at::Tensor());      // the scalar that made the node exist
+  in_grads.resize(in_grads.size() + 4);  // none for fn, module, owner and unit
+  if (stage3) stage3->inputs_done(unit);
+  return in_grads;
+}
+
+std::vector<at::Tensor> parameters_behind(torch::autograd::Node* node) {
+  auto* cn = dynamic_cast<torch::autograd::CppNode<CheckpointFn>*>(node);
+  if (!cn) return {};
+  auto it = cn->ctx_.saved_data.find("fn");
+  if (it == cn->ctx_.saved_data.end()) return {};
+  auto holder = c10::static_intrusive_pointer_cast<FnHolder>(it->second.toCapsule());
+  if (!holder->module) return {};
+  return holder->module->parameters(/*recurse=*/true);
+}
+
+// ----- GatheredParameters ---------------------------------------------------------------------
+
+GatheredParameters::GatheredParameters(torch::nn::Module& module,
+                                       std::optional<int> modifier_rank) {
+  UnitEntry e;
+  if (!registry::find(&module, &e)) return;  // not a stage-3 model: whole already
+  Stage3* s = registry::owner(e.owner);
+  if (!s) return;
+  owner_ = e.owner;
+  scope_ = s->open_scope(module, modifier_rank);
+}
+
+GatheredParameters::~GatheredParameters() noexcept(false) {
+  if (!owner_) return;
+  Stage3* s = registry::owner(owner_);
+  DSCPP_CHECK(s, Error,
+              "a GatheredParameters scope outlived its stage-3 engine. HINT: close it "
+              "before the engine is destroyed");
+  if (std::uncaught_exceptions() > 0) {
+    s->abandon_scope(scope_);  // unwinding: no collectives, no second exception
+    return;
+  }
+  s->close_scope(scope_);
+}
+
+// ----- zero::call / zero::checkpoint ----------------------------------------------------------
+
+namespace detail {
+
+std::vector<at::Tensor> checkpoint_apply(torch::nn::Module& unit, const UnitFn& fn,
+                                         const std::vector<at::Tensor>& inputs, int64_t owner,
+                                         int64_t index) {
+  std::vector<at::Tensor> in = inputs;
+  in.push_back(at::zeros({}).requires_grad_(true));  // see CheckpointFn::forward
+  return CheckpointFn::apply(at::TensorList(in), std::make_shared<UnitFn>(fn), &unit, owner, index);
+}
+
+std::vector<at::Tensor> run_unit(torch::nn::Module& unit, const UnitFn& fn,
+                                 const std::vector<at::Tensor>& inputs, bool recompute) {
+  UnitEntry e;
+  if (registry::find(&unit, &e)) {
+    Stage3* s = registry::owner(e.owner);
+    DSCPP_CHECK(s, Error, "internal: a stage-3 unit without its engine");
+    if (e.unit < 0) return fn(inputs);  // a module of the model that is not a unit
+    DSCPP_CHECK(!e.inside, Error, "zero::call on module '", unit.name(),
+                "', which lies inside "
+                "stage-3 unit '",
+                s->unit_name(e.unit),
+                "': its parameters are only gathered "
+                "when the whole unit runs. HINT: call the unit itself, or make this module a "
+                "unit of its own (InitOptions::zero_units)");
+    return s->run_unit(e.unit, fn, inputs, recompute);
+  }
+  if (!recompute || !at::GradMode::is_enabled()) return fn(inputs);
+  // Below stage 3: activation checkpointing alone.
+  return checkpoint_apply(unit, fn, inputs, 0, -1);
+}
+
+}  // namespace detail
+}  // namespace dscpp::zero

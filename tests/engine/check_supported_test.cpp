@@ -1,0 +1,111 @@
+// check_supported: every setting dscpp does not honour is refused with a ConfigError naming the
+// key (when it would change what is trained or the memory it takes) or warned about (when it
+// only observes); nothing is accepted in silence.
+#include "engine/check_supported.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "dscpp/config.h"
+#include "dscpp/error.h"
+#include "support/errors.h"
+
+namespace dscpp::engine {
+namespace {
+
+// A config of `extra` keys, with an AdamW optimizer unless `extra` names one.
+std::vector<std::string> check(const std::string& extra, SupportContext ctx = {}) {
+  const bool own_optimizer = extra.find("\"optimizer\"") != std::string::npos;
+  const std::string optimizer = R"(, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}})";
+  return check_supported(
+      Config::parse(R"({"train_batch_size": 2)" + (own_optimizer ? "" : optimizer) + extra + "}"),
+      ctx);
+}
+
+std::string refusal(const std::string& extra, SupportContext ctx = {}) {
+  return testing::error_of<ConfigError>([&] { check(extra, ctx); });
+}
+
+TEST(CheckSupported, TheDefaultsAndEveryImplementedSettingPass) {
+  EXPECT_TRUE(check("").empty());
+  EXPECT_TRUE(check(R"(, "zero_optimization": {"stage": 2, "overlap_comm": true,
+      "reduce_bucket_size": 1000, "contiguous_gradients": false}, "bf16": {"enabled": true},
+      "gradient_clipping": 1.0, "communication_data_type": "bf16",
+      "activation_checkpointing": {"partition_activations": false},
+      "checkpoint": {"tag_validation": "Warn"}, "tensorboard": {"enabled": false})")
+                  .empty());
+}
+
+TEST(CheckSupported, SettingsThatWouldChangeTrainingOrMemoryAreRefusedByName) {
+  struct Case {
+    std::string extra, needle;
+  };
+  for (const Case& c : std::vector<Case>{
+           {R"(, "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}})",
+            "offload_param.device \"cpu\""},
+           {R"(, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}})",
+            "offload_optimizer.device \"cpu\""},
+           {R"(, "zero_optimization": {"stage": 1}, "optimizer": {"type": "Lamb", "params": {}})",
+            "Lamb"},
+           {R"(, "fp16": {"enabled": true, "auto_cast": true})", "fp16.auto_cast"},
+           {R"(, "communication_data_type": "fp16")", "communication_data_type \"fp16\""},
+           {R"(, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}})",
+            "offload_optimizer.device \"cpu\""},
+           {R"(, "activation_checkpointing": {"partition_activations": true})",
+            "activation_checkpointing.partition_activations"},
+           {R"(, "activation_checkpointing": {"cpu_checkpointing": true})",
+            "activation_checkpointing.cpu_checkpointing"},
+           {R"(, "activation_checkpointing": {"contiguous_memory_optimization": true})",
+            "contiguous_memory_optimization"},
+           {R"(, "activation_checkpointing": {"number_checkpoints": 4})", "number_checkpoints"},
+           {R"(, "activation_checkpointing": {"synchronize_checkpoint_boundary": true})",
+            "synchronize_checkpoint_boundary"},
+           {R"(, "checkpoint": {"load_universal": true})", "checkpoint.load_universal"},
+           {R"(, "checkpoint": {"tag_validation": "Fail"})", "checkpoint.tag_validation"},
+           {R"(, "checkpoint": {"use_node_local_storage": true})", "use_node_local_storage"},
+       }) {
+    std::string msg = refusal(c.extra);
+    EXPECT_NE(msg.find(c.needle), std::string::npos) << c.extra << "\n" << msg;
+    EXPECT_NE(msg.find("HINT"), std::string::npos) << msg;
+  }
+}
+
+TEST(CheckSupported, ClientOptimizerRules) {
+  SupportContext client{true, false};
+  EXPECT_TRUE(check("", client).empty());
+  EXPECT_NE(refusal(R"(, "zero_optimization": {"stage": 1})", client)
+                .find("zero_allow_untested_optimizer"),
+            std::string::npos);
+  EXPECT_NE(refusal(R"(, "zero_optimization": {"stage": 1}, "zero_allow_untested_optimizer": true)",
+                    client)
+                .find("not implemented yet"),
+            std::string::npos);
+  EXPECT_NE(refusal(R"(, "bf16": {"enabled": true})", client).find("mixed precision"),
+            std::string::npos);
+}
+
+TEST(CheckSupported, ObserversAreAcceptedWithAWarning) {
+  auto w = check(R"(, "tensorboard": {"enabled": true}, "csv_monitor": {"enabled": true},
+      "wandb": {"enabled": true}, "flops_profiler": {"enabled": true},
+      "activation_checkpointing": {"profile": true},
+      "zero_optimization": {"allgather_partitions": false})");
+  ASSERT_EQ(w.size(), 6u);
+  for (const char* key :
+       {"tensorboard.enabled", "csv_monitor.enabled", "wandb.enabled", "flops_profiler.enabled",
+        "activation_checkpointing.profile", "allgather_partitions"}) {
+    bool found = false;
+    for (const auto& s : w) found = found || s.find(key) != std::string::npos;
+    EXPECT_TRUE(found) << key;
+  }
+}
+
+TEST(CheckSupported, OffloadAtStageZeroIsDeepSpeedsNoOp) {
+  // DeepSpeed ignores offload_optimizer without ZeRO; the config parser warns about it.
+  EXPECT_TRUE(
+      check(R"(, "zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}})")
+          .empty());
+}
+
+}  // namespace
+}  // namespace dscpp::engine

@@ -1,0 +1,173 @@
+// Mixed precision end to end, with ranks as threads: bf16 and fp16 train on fp32 master weights
+// (src/precision/master_weights.h) at every stage, and fp16 follows DeepSpeed's dynamic loss
+// scaler (src/precision/loss_scaler.h) across ranks, driven by injected overflows.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <torch/nn/module.h>
+
+#include "dscpp/engine.h"
+#include "dscpp/error.h"
+#include "engine/test_net.h"
+#include "support/errors.h"
+#include "support/thread_ranks.h"
+
+namespace dscpp {
+namespace {
+
+using comm::Communicator;
+using testing::error_text;
+using testing::run_thread_ranks;
+
+using namespace enginetest;  // NOLINT: the fixtures of this file's tests
+
+// bf16: parameters and gradients in bf16, fp32 master weights. At world 1 every stage does the
+// same arithmetic; across ranks the bf16 reductions differ in order, so stages agree loosely;
+// and bf16 follows the fp32 run closely.
+TEST(EngineMixedPrecision, Bf16TrainsAndEveryStageAgrees) {
+  const int B = 24, steps = 6;
+  const std::string bf16 = ", \"bf16\": {\"enabled\": true}";
+  auto fp32 = run_ranks(1, steps, config_json(B, 12, kAdamW));
+  auto ref = run_ranks(1, steps, config_json(B, 12, kAdamW + bf16));
+  EXPECT_LT(ref[0].losses.back(), ref[0].losses.front()) << "bf16 does not learn";
+  for (int i = 0; i < steps; ++i) EXPECT_NEAR(ref[0].losses[i], fp32[0].losses[i], 0.02 * fp32[0].losses[i]);
+  for (int stage : {1, 2}) {
+    std::string zero = ", \"zero_optimization\": {\"stage\": " + std::to_string(stage) + ", \"reduce_bucket_size\": 30}";
+    auto one = run_ranks(1, steps, config_json(B, 12, kAdamW + bf16 + zero));
+    expect_same(one[0], ref[0], 1e-6, "bf16 world 1 stage " + std::to_string(stage));
+    auto two = run_ranks(2, steps, config_json(B, 6, kAdamW + bf16 + zero));
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_TRUE(at::equal(two[r].params, two[0].params)) << "replicas diverged";
+      for (int i = 0; i < steps; ++i) EXPECT_NEAR(two[r].losses[i], ref[0].losses[i], 0.02 * ref[0].losses[i]);
+    }
+  }
+}
+
+// A model whose forward has only element-wise operations: libtorch 1.13 has CPU fp16 kernels
+// for those, but none for matmul, tanh, layer_norm, softmax or GELU (see docs/zero.md).
+struct ElemNetImpl : torch::nn::Module {
+  ElemNetImpl() {
+    w = register_parameter("w", at::linspace(-0.5, 0.7, 8));
+    b = register_parameter("b", at::linspace(0.1, -0.2, 8));
+    v = register_parameter("v", at::linspace(0.3, -0.4, 8).reshape({4, 2}));
+  }
+  at::Tensor forward(const at::Tensor& x) {  // x [n, 8] -> [n, 4]
+    at::Tensor h = x * w + b;
+    return (h * h).reshape({-1, 4, 2}).mul(v).sum(-1);
+  }
+  at::Tensor w, b, v;
+};
+TORCH_MODULE(ElemNet);
+
+struct Fp16Run {
+  std::vector<double> lrs, scales;
+  std::vector<bool> skipped;
+  at::Tensor params;
+  int64_t skipped_steps = 0;
+};
+
+// Trains ElemNet for overflow.size() steps; at step s, rank `overflow[s]` (or -1: none) feeds an
+// input whose fp16 gradients overflow (finite loss, infinite gradients).
+Fp16Run train_elem(Communicator& c, const std::string& cfg, const std::vector<int>& overflow) {
+  ElemNet net;
+  InitOptions opts = borrowed(c);
+  auto engine = initialize(net.ptr(), cfg, opts);
+  auto X = dataset_x().narrow(0, 2 * c.rank(), 2), Y = dataset_y().narrow(0, 2 * c.rank(), 2);
+  Fp16Run run;
+  for (size_t s = 0; s < overflow.size(); ++s) {
+    at::Tensor x = overflow[s] == c.rank() ? X * 300.0 : X;
+    at::Tensor out = net->forward(x.to(net->w.scalar_type()));
+    engine->backward(at::mse_loss(out.to(at::kFloat), Y));
+    engine->step();
+    run.lrs.push_back(engine->last_step().lr);
+    run.scales.push_back(engine->loss_scale());
+    run.skipped.push_back(engine->last_step().skipped);
+  }
+  run.params = at::cat({net->w.detach(), net->b.detach(), net->v.detach().reshape({-1})}).to(at::kFloat);
+  run.skipped_steps = engine->skipped_steps();
+  return run;
+}
+
+const std::string kFp16Opt = ", \"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 0.01}}, "
+                             "\"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_min_lr\": 0.001, "
+                             "\"warmup_max_lr\": 0.01, \"warmup_num_steps\": 10, \"warmup_type\": \"linear\"}}";
+
+// Overflows injected on one rank skip the step on every rank, spend the hysteresis, then halve
+// the scale; the LR schedule does not tick on a skipped step; the replicas stay identical; for
+// every stage.
+TEST(EngineMixedPrecision, Fp16DynamicLossScaleFollowsDeepSpeedAcrossRanks) {
+  const std::string fp16 = ", \"fp16\": {\"enabled\": true, \"initial_scale_power\": 8, \"hysteresis\": 2, "
+                           "\"loss_scale_window\": 3}";
+  //                           step: 1   2  3  4   5   6   7   8
+  const std::vector<int> overflow = {-1, 1, 0, -1, -1, -1, -1, 1};
+  std::vector<Fp16Run> clean(2);  // the same schedule without overflows
+  auto clean_errors = run_thread_ranks(2, [&](Communicator& c) {
+    clean[c.rank()] = train_elem(c, config_json(4, 2, kFp16Opt + fp16), std::vector<int>(8, -1));
+  });
+  for (auto& e : clean_errors) ASSERT_FALSE(e) << error_text(e);
+  for (int stage : {0, 1, 2}) {
+    std::vector<Fp16Run> runs(2);
+    std::string cfg = config_json(4, 2, kFp16Opt + fp16 + ", \"zero_optimization\": {\"stage\": " +
+                                            std::to_string(stage) + "}");
+    auto errors = run_thread_ranks(2, [&](Communicator& c) { runs[c.rank()] = train_elem(c, cfg, overflow); });
+    for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+    const auto& r = runs[0];
+    // Step 2 spends the hysteresis (2 -> 1), step 3 halves (256 -> 128) and restarts the window;
+    // 3 clean steps later (step 6) the scale doubles and the hysteresis refills; step 8 spends it.
+    EXPECT_EQ(r.scales, (std::vector<double>{256, 256, 128, 128, 128, 256, 256, 256})) << "stage " << stage;
+    EXPECT_EQ(r.skipped, (std::vector<bool>{false, true, true, false, false, false, false, true}));
+    EXPECT_EQ(r.skipped_steps, 3);
+    // The schedule ticks only on applied steps: steps 2-4 all run at the schedule's second LR.
+    const auto& l = clean[0].lrs;
+    EXPECT_EQ(r.lrs, (std::vector<double>{l[0], l[1], l[1], l[1], l[2], l[3], l[4], l[5]}));
+    EXPECT_LT(l[1], l[5]);
+    EXPECT_TRUE(at::equal(runs[0].params, runs[1].params)) << "replicas diverged at stage " << stage;
+    EXPECT_TRUE(at::isfinite(runs[0].params).all().item<bool>());
+  }
+}
+
+// A static scale never moves, overflow still skips; at the minimum dynamic scale an overflow
+// stops every rank with what to try.
+TEST(EngineMixedPrecision, Fp16StaticScaleAndTheMinimumScaleError) {
+  std::vector<Fp16Run> runs(2);
+  std::string cfg = config_json(4, 2, kFp16Opt + ", \"fp16\": {\"enabled\": true, \"loss_scale\": 64}");
+  auto errors = run_thread_ranks(2, [&](Communicator& c) { runs[c.rank()] = train_elem(c, cfg, {-1, 0, -1}); });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+  EXPECT_EQ(runs[0].scales, (std::vector<double>{64, 64, 64}));
+  EXPECT_EQ(runs[1].skipped, (std::vector<bool>{false, true, false}));
+
+  cfg = config_json(4, 2, kFp16Opt + ", \"fp16\": {\"enabled\": true, \"initial_scale_power\": 0, "
+                                     "\"hysteresis\": 1, \"min_loss_scale\": 1}, \"zero_optimization\": {\"stage\": 2}");
+  errors = run_thread_ranks(2, [&](Communicator& c) { train_elem(c, cfg, {-1, 1}); });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(errors[r]) << "rank " << r << " went on at the minimum loss scale";
+    const std::string msg = error_text(errors[r]);
+    EXPECT_NE(msg.find("minimum"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("HINT"), std::string::npos) << msg;
+  }
+}
+
+// fp16 follows the fp32 trajectory closely when nothing overflows, at every stage.
+TEST(EngineMixedPrecision, Fp16FollowsFp32) {
+  std::vector<Fp16Run> fp32(2);
+  const std::vector<int> none(6, -1);
+  auto errors = run_thread_ranks(2, [&](Communicator& c) { fp32[c.rank()] = train_elem(c, config_json(4, 2, kFp16Opt), none); });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+  ElemNet init;
+  const at::Tensor fp32_init = at::cat({init->w.detach(), init->b.detach(), init->v.detach().reshape({-1})});
+  for (int stage : {0, 2}) {
+    std::vector<Fp16Run> half(2);
+    std::string cfg = config_json(4, 2, kFp16Opt + ", \"fp16\": {\"enabled\": true, \"initial_scale_power\": 10}, \"zero_optimization\": "
+                                            "{\"stage\": " + std::to_string(stage) + "}");
+    errors = run_thread_ranks(2, [&](Communicator& c) { half[c.rank()] = train_elem(c, cfg, none); });
+    for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+    EXPECT_EQ(half[0].skipped_steps, 0);
+    double err = (half[0].params - fp32[0].params).abs().max().item<double>();
+    EXPECT_LT(err, 5e-3) << "stage " << stage;
+    EXPECT_GT((half[0].params - fp32_init).abs().max().item<double>(), 1e-3) << "fp16 did not train";
+  }
+}
+
+}  // namespace
+}  // namespace dscpp

@@ -1,0 +1,138 @@
+// The gradient paths themselves (src/zero/reducer.h and the stage families' reducers), on one
+// or two thread ranks: buckets launch while backward runs, the bucket cap, and stage 2's
+// gradients going straight into the staging slots (NOTE [stage 2 slots]).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+
+#include "engine/test_net.h"
+#include "support/errors.h"
+#include "support/thread_ranks.h"
+#include "zero/all_reduce.h"
+#include "zero/partition.h"
+#include "zero/reduce_scatter.h"
+
+namespace dscpp {
+namespace {
+
+using comm::Communicator;
+using testing::error_text;
+using testing::run_thread_ranks;
+
+using namespace enginetest;  // NOLINT: the fixtures of this file's tests
+
+// The gradient path of `stage` over `module`'s parameters, moved into one flat buffer.
+std::unique_ptr<zero::GradReducer> make_reducer(torch::nn::Module& module, Communicator& c,
+                                                int stage, const zero::ReduceOptions& o) {
+  zero::NamedParams np = zero::trainable_parameters(module);
+  auto layout = zero::FlatLayout::of(np.params, c.world_size());
+  zero::flatten_parameters(np.params, np.names, layout, at::kFloat);
+  if (stage == 0) {
+    return std::make_unique<zero::AllReduceReducer>(np.params, np.names, layout.segments,
+                                                    layout.padded, c, o);
+  }
+  if (stage == 1) {
+    return std::make_unique<zero::InPlaceReducer>(np.params, np.names, layout.segments,
+                                                  layout.padded, c, o);
+  }
+  return std::make_unique<zero::SlotReducer>(
+      np.params, np.names, layout.segments,
+      std::vector<zero::GroupGeometry>{{0, layout.padded, layout.shard, 0}}, std::vector<int>{}, c,
+      o);
+}
+
+// Buckets are reduced while backward runs, not after it: parameters the loss cannot reach (the
+// unused `branch`, registered last, so in the first bucket to launch) are ready before backward
+// starts and hold nothing back. Every stage, one parameter per bucket.
+TEST(ZeroReducer, BucketsLaunchDuringBackwardDespiteAnUnusedParameter) {
+  auto errors = run_thread_ranks(1, [&](Communicator& c) {
+    for (int stage : {0, 1, 2}) {
+      Net net = make_net(1);
+      const size_t n = net->parameters().size();
+      zero::ReduceOptions o;
+      o.reduce_bucket_size = 1;
+      o.overlap_comm = true;
+      auto reducer_ptr = make_reducer(*net, c, stage, o);
+      auto& reducer = *reducer_ptr;
+      ASSERT_EQ(reducer.num_buckets(), n);
+      at::Tensor loss =
+          at::mse_loss(net->forward(dataset_x().narrow(0, 0, 2)), dataset_y().narrow(0, 0, 2));
+      reducer.prepare_backward(true, loss);
+      EXPECT_EQ(reducer.buckets_launched(), 2u) << "the unused branch's weight and bias";
+      // fc1.weight's gradient is the last one autograd produces: every other bucket has been
+      // launched from the hooks by the time backward returns.
+      loss.backward();
+      EXPECT_GE(reducer.buckets_launched(), n - 1) << "stage " << stage;
+      reducer.finish_backward();
+      EXPECT_EQ(reducer.buckets_launched(), n);
+      EXPECT_EQ(reducer.unused_in_last_backward(),
+                (std::vector<std::string>{"branch.weight", "branch.bias"}));
+    }
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+}
+
+// NOTE [bucket cap]: DeepSpeed's default buckets (5e8 elements) are cut to a sixteenth of the
+// model, never below 2^20 elements; smaller values are kept.
+TEST(ZeroReducer, BucketsAboveASixteenthOfTheModelAreCapped) {
+  EXPECT_EQ(zero::capped_bucket_size(500000000, 151681024), 9480064);
+  EXPECT_EQ(zero::capped_bucket_size(5000000, 151681024), 5000000);
+  EXPECT_EQ(zero::capped_bucket_size(500000000, 280), int64_t{1} << 20);
+  EXPECT_EQ(zero::capped_bucket_size(8, 280), 8);
+}
+
+// NOTE [stage 2 slots]: gradients that arrive in bucket order go straight into the staging
+// slots (autograd keeps none), with one slot (overlap_comm false) or two.
+TEST(ZeroReducer, Stage2GradientsGoStraightIntoTheStagingSlots) {
+  auto errors = run_thread_ranks(2, [&](Communicator& c) {
+    for (bool overlap : {false, true}) {
+      Net net = make_net(1);
+      zero::ReduceOptions o;
+      o.reduce_bucket_size = 144;  // {branch, fc2} and {fc1}
+      o.overlap_comm = overlap;
+      auto reducer_ptr = make_reducer(*net, c, 2, o);
+      auto& reducer = dynamic_cast<zero::SlotReducer&>(*reducer_ptr);
+      ASSERT_EQ(reducer.num_buckets(), 2u);
+      EXPECT_EQ(reducer.staging_bytes(), (overlap ? 2 : 1) * 4 * 144);
+      for (int step = 0; step < 2; ++step) {
+        at::Tensor loss = at::mse_loss(net->forward(dataset_x().narrow(0, 2 * c.rank(), 2)),
+                                       dataset_y().narrow(0, 2 * c.rank(), 2));
+        reducer.prepare_backward(true, loss);
+        loss.backward();
+        reducer.finish_backward();
+        EXPECT_EQ(reducer.kept_gradients(), 0) << "overlap " << overlap;
+        for (auto& p : net->parameters())
+          EXPECT_FALSE(p.grad().defined()) << "a gradient outlived its bucket";
+      }
+    }
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+}
+
+// A model registered against the order backward reaches it (ReversedNet): with one slot, {out}
+// takes it first and the other three buckets' gradients (mid's and in's four parameters) arrive
+// while it still accumulates, so autograd keeps them. StagesTest's
+// Stage2MatchesStage0WhenGradientsArriveOutOfBucketOrder shows the result is still exact.
+TEST(ZeroReducer, GradientsArrivingOutOfBucketOrderAreKeptThenCopied) {
+  auto errors = run_thread_ranks(1, [&](Communicator& c) {
+    ReversedNet net = make_reversed_net();
+    zero::ReduceOptions o;
+    o.reduce_bucket_size = 150;  // {in}, {mid.bias}, {mid.weight}, {out}
+    auto reducer_ptr = make_reducer(*net, c, 2, o);
+    auto& reducer = dynamic_cast<zero::SlotReducer&>(*reducer_ptr);
+    ASSERT_EQ(reducer.num_buckets(), 4u);
+    at::Tensor loss =
+        at::mse_loss(net->forward(dataset_x().narrow(0, 0, 2)), dataset_y().narrow(0, 0, 2));
+    reducer.prepare_backward(true, loss);
+    loss.backward();
+    reducer.finish_backward();
+    EXPECT_EQ(reducer.kept_gradients(), 4);
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+}
+
+}  // namespace
+}  // namespace dscpp

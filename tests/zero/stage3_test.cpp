@@ -1,0 +1,435 @@
+// ZeRO stage 3 against stage 0, with ranks as threads over a shared store: the same losses,
+// gradient norms and final weights at every world size and GAS, under every unit policy,
+// persistence threshold, prefetch and reuse setting, with and without zero::checkpoint; the
+// memory accounting; GatheredParameters; and the errors for misuse.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/embedding.h>
+
+#include <mutex>
+#include <string>
+
+#include "dscpp/engine.h"
+#include "dscpp/error.h"
+#include "dscpp/zero.h"
+#include "engine/test_net.h"
+#include "support/errors.h"
+#include "support/thread_ranks.h"
+
+namespace dscpp {
+namespace {
+
+using comm::Communicator;
+using testing::error_text;
+using testing::run_thread_ranks;
+
+using namespace enginetest;  // NOLINT: the fixtures of this file's tests
+
+// A model that marks its units: an input layer, three blocks and a head, each run through
+// zero::call (or zero::checkpoint for the blocks), and a tied embedding-style matrix used twice.
+// 8 -> 16 -> (16 -> 16) x 3 -> 4, plus `tied` [4, 16] used by the head and to embed a residual.
+struct StackNetImpl : torch::nn::Module {
+  StackNetImpl() {
+    in = register_module("in", torch::nn::Linear(8, 16));
+    blocks = register_module("blocks", torch::nn::ModuleList());
+    for (int i = 0; i < 3; ++i) blocks->push_back(torch::nn::Linear(16, 16));
+    head = register_module("head", torch::nn::Linear(16, 4));
+    tied = register_module("tied", torch::nn::Embedding(4, 16));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = zero::call(
+        *in, [this](const at::Tensor& v) { return at::tanh(in->forward(v)); }, x);
+    // The tied matrix's first use: a learned offset added to every row.
+    h = h +
+        zero::call(
+            *tied, [this](const at::Tensor& v) { return tied->weight.sum(0) * 0.1 + v * 0; }, h);
+    for (const auto& m : *blocks) {
+      auto lin = std::dynamic_pointer_cast<torch::nn::LinearImpl>(m);
+      auto fn = [lin](const at::Tensor& v) { return at::tanh(lin->forward(v)) + v; };
+      h = checkpoint ? zero::checkpoint(*lin, fn, h) : zero::call(*lin, fn, h);
+    }
+    at::Tensor y = zero::call(
+        *head, [this](const at::Tensor& v) { return head->forward(v); }, h);
+    // Its second use: the output projected back through it.
+    return y + zero::call(
+                   *tied,
+                   [this](const at::Tensor& v) { return at::linear(v, tied->weight) * 0.05; }, h);
+  }
+  torch::nn::Linear in{nullptr}, head{nullptr};
+  torch::nn::ModuleList blocks{nullptr};
+  torch::nn::Embedding tied{nullptr};
+  bool checkpoint = false;
+};
+TORCH_MODULE(StackNet);
+
+StackNet make_stack_net(int seed) {
+  static std::mutex mu;  // the rank threads share the global generator
+  std::lock_guard<std::mutex> g(mu);
+  at::manual_seed(seed);
+  return StackNet();
+}
+
+struct Run {
+  std::vector<double> losses, grad_norms;
+  at::Tensor params;  // whole, after training (gathered)
+  MemoryStats memory;
+};
+
+// Trains StackNet for `steps` on the data contract's no-shuffle order (as train_with does).
+Run train_stack(Communicator& c, int steps, const std::string& cfg, const zero::UnitPolicy& units,
+                bool checkpoint) {
+  StackNet net = make_stack_net(100 + c.rank());
+  net->checkpoint = checkpoint;
+  InitOptions opts = borrowed(c);
+  opts.zero_units = units;
+  auto engine = initialize(net.ptr(), cfg, opts);
+  const int B = engine->train_batch_size(), b = engine->train_micro_batch_size_per_gpu();
+  const int gas = engine->gradient_accumulation_steps(), world = c.world_size();
+  auto X = dataset_x(), Y = dataset_y();
+  Run run;
+  for (int s = 0; s < steps; ++s) {
+    for (int k = 0; k < gas; ++k) {
+      std::vector<int64_t> idx;
+      for (int i = 0; i < b; ++i)
+        idx.push_back((s * B + (k * world + c.rank()) * b + i) % kSamples);
+      auto ix = at::tensor(idx, at::kLong);
+      at::Tensor out = net->forward(X.index_select(0, ix).to(net->in->weight.scalar_type()));
+      engine->backward(at::mse_loss(out.to(at::kFloat), Y.index_select(0, ix)));
+      engine->step();
+    }
+    run.losses.push_back(engine->last_step().loss);
+    run.grad_norms.push_back(engine->last_step().grad_norm);
+  }
+  run.memory = engine->memory_stats();  // before the whole model is gathered below
+  {
+    zero::GatheredParameters whole(*net);
+    std::vector<at::Tensor> flat;
+    for (auto& p : net->parameters())
+      flat.push_back(p.detach().reshape({-1}).to(at::kFloat).clone());
+    run.params = at::cat(flat);
+  }
+  return run;
+}
+
+std::vector<Run> run_stack(int world, int steps, const std::string& cfg,
+                           const zero::UnitPolicy& units = {}, bool checkpoint = false) {
+  std::vector<Run> out(world);
+  auto errors = run_thread_ranks(world, [&](Communicator& c) {
+    out[c.rank()] = train_stack(c, steps, cfg, units, checkpoint);
+  });
+  for (auto& e : errors) EXPECT_FALSE(e) << cfg << ": " << error_text(e);
+  return out;
+}
+
+void expect_same_run(const Run& a, const Run& ref, double rtol, const std::string& what) {
+  ASSERT_EQ(a.losses.size(), ref.losses.size()) << what;
+  for (size_t i = 0; i < ref.losses.size(); ++i) {
+    EXPECT_NEAR(a.losses[i], ref.losses[i], rtol * std::abs(ref.losses[i]) + 1e-12)
+        << what << " step " << i;
+    EXPECT_NEAR(a.grad_norms[i], ref.grad_norms[i], rtol * ref.grad_norms[i] + 1e-12)
+        << what << " step " << i;
+  }
+  ASSERT_TRUE(a.params.defined() && ref.params.defined()) << what;
+  double err = (a.params - ref.params).abs().max().item<double>();
+  double scale = ref.params.abs().max().item<double>();
+  EXPECT_LE(err, rtol * scale) << what << ": final parameters differ by " << err;
+}
+
+const zero::UnitPolicy kBlocks{{"blocks.*"}};
+const zero::UnitPolicy kEverything{{"in", "blocks.*", "head", "tied"}};
+
+std::string zero3(const std::string& extra = "") {
+  return ", \"zero_optimization\": {\"stage\": 3" + extra + "}";
+}
+
+// Stage 3 reproduces stage 0 at worlds 1-4 and GAS 1/2/4 (StackNet's 952 parameters divide by
+// none of 3), with every parameter in a unit and a threshold that shards them all.
+TEST(EngineZero3, MatchesStage0AtEveryWorldSizeAndGas) {
+  const int B = 24, steps = 4;
+  for (Case cs : {Case{1, 1}, Case{2, 1}, Case{2, 2}, Case{3, 4}, Case{4, 2}}) {
+    const int micro = B / (cs.world * cs.gas);
+    std::string what = "world " + std::to_string(cs.world) + " gas " + std::to_string(cs.gas);
+    auto s0 = run_stack(cs.world, steps, config_json(B, micro, kAdamW), kEverything);
+    auto s3 = run_stack(
+        cs.world, steps,
+        config_json(B, micro, kAdamW + zero3(", \"stage3_param_persistence_threshold\": 0")),
+        kEverything);
+    for (int r = 0; r < cs.world; ++r)
+      expect_same_run(s3[r], s0[0], 1e-6, what + " rank " + std::to_string(r));
+  }
+}
+
+// Every unit setting gives the same trajectory: policies (blocks only, everything, none = the
+// whole model), persistence thresholds that keep none / some (biases) / all parameters whole,
+// prefetch on and off, release at once (reuse distance 0) or keep, bucket sizes, overlap_comm,
+// and zero::checkpoint for the blocks. Against stage 0 at GAS 1, and against stage 2 at GAS 2:
+// stages 2-3 reduce every micro-step's gradient and sum the results, stage 0 sums first and
+// reduces once, and on this model that different rounding alone moves the weights by 5e-6
+// relative over 4 steps (stage 2 differs from stage 0 exactly as much as stage 3 does).
+TEST(EngineZero3, MatchesStage0UnderEveryUnitSetting) {
+  const int world = 2, steps = 4;
+  struct Setting {
+    std::string zero;
+    zero::UnitPolicy units;
+    bool checkpoint;
+  };
+  const std::vector<Setting> settings = {
+      {zero3(), kBlocks, false},
+      {zero3(", \"stage3_param_persistence_threshold\": 0"), kEverything, false},
+      {zero3(", \"stage3_param_persistence_threshold\": 20"), kEverything, false},  // biases whole
+      {zero3(", \"stage3_param_persistence_threshold\": 100000000"), kEverything,
+       false},  // all whole
+      {zero3(", \"stage3_param_persistence_threshold\": 0"),
+       {},
+       false},  // the whole model one unit
+      {zero3(", \"stage3_param_persistence_threshold\": 0, \"stage3_prefetch_bucket_size\": 0, "
+             "\"stage3_max_reuse_distance\": 0"),
+       kEverything, false},
+      {zero3(", \"stage3_param_persistence_threshold\": 0, \"stage3_max_reuse_distance\": 0, "
+             "\"stage3_max_live_parameters\": 300"),
+       kEverything, false},
+      {zero3(", \"stage3_param_persistence_threshold\": 0, \"reduce_bucket_size\": 100, "
+             "\"overlap_comm\": false, \"contiguous_gradients\": false"),
+       kEverything, false},
+      {zero3(", \"stage3_param_persistence_threshold\": 0"), kEverything, true},
+      {zero3(", \"stage3_param_persistence_threshold\": 0, \"stage3_max_reuse_distance\": 0"),
+       kBlocks, true},
+  };
+  auto s0 = run_stack(world, steps, config_json(4, 2, kAdamW), kEverything);
+  auto s2 =
+      run_stack(world, steps, config_json(8, 2, kAdamW + ", \"zero_optimization\": {\"stage\": 2}"),
+                kEverything);
+  for (const auto& s : settings) {
+    std::string what = s.zero + (s.checkpoint ? " with zero::checkpoint" : "") + " units " +
+                       std::to_string(s.units.paths.size());
+    auto gas1 = run_stack(world, steps, config_json(4, 2, kAdamW + s.zero), s.units, s.checkpoint);
+    auto gas2 = run_stack(world, steps, config_json(8, 2, kAdamW + s.zero), s.units, s.checkpoint);
+    for (int r = 0; r < world; ++r) {
+      expect_same_run(gas1[r], s0[0], 1e-6, what + " GAS 1 rank " + std::to_string(r));
+      expect_same_run(gas2[r], s2[0], 1e-6, what + " GAS 2 rank " + std::to_string(r));
+    }
+  }
+}
+
+// zero::checkpoint below stage 3 recomputes too, and stays exact at stages 0 and 2 (GAS 1).
+TEST(EngineZero3, CheckpointBelowStage3IsExact) {
+  const int world = 2, B = 4, micro = 2, steps = 3;
+  auto ref = run_stack(world, steps, config_json(B, micro, kAdamW), kEverything);
+  for (const std::string zero :
+       {std::string(""), std::string(", \"zero_optimization\": {\"stage\": 2, "
+                                     "\"reduce_bucket_size\": 50}")}) {
+    auto ck = run_stack(world, steps, config_json(B, micro, kAdamW + zero), kEverything,
+                        /*checkpoint=*/true);
+    for (int r = 0; r < world; ++r) expect_same_run(ck[r], ref[0], 1e-6, "checkpoint" + zero);
+  }
+}
+
+// bf16 at stage 3 matches bf16 at stage 2 as the mixed-precision tests hold stages to each other.
+TEST(EngineZero3, Bf16MatchesStage2) {
+  const std::string bf16 = ", \"bf16\": {\"enabled\": true}";
+  auto s2 =
+      run_stack(1, 4, config_json(8, 8, kAdamW + bf16 + ", \"zero_optimization\": {\"stage\": 2}"),
+                kEverything);
+  auto s3 = run_stack(
+      1, 4, config_json(8, 8, kAdamW + bf16 + zero3(", \"stage3_param_persistence_threshold\": 0")),
+      kEverything);
+  expect_same_run(s3[0], s2[0], 1e-6, "bf16 world 1");
+  auto two2 =
+      run_stack(2, 4, config_json(8, 4, kAdamW + bf16 + ", \"zero_optimization\": {\"stage\": 2}"),
+                kEverything);
+  auto two3 = run_stack(
+      2, 4, config_json(8, 4, kAdamW + bf16 + zero3(", \"stage3_param_persistence_threshold\": 0")),
+      kEverything);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(at::equal(two3[r].params, two3[0].params)) << "replicas diverged";
+    for (size_t i = 0; i < two2[0].losses.size(); ++i)
+      EXPECT_NEAR(two3[r].losses[i], two2[0].losses[i], 0.02 * two2[0].losses[i]);
+  }
+}
+
+// The engine's accounting: 16/N bytes per sharded parameter (fp32 AdamW) plus the resident ones
+// whole, and the live units' peak in `gathered`.
+TEST(EngineZero3, MemoryAccountingIsTheZeroFormula) {
+  const int world = 2;
+  auto runs = run_stack(world, 1,
+                        config_json(4, 2,
+                                    kAdamW + zero3(", \"stage3_param_persistence_threshold\": 0, "
+                                                   "\"stage3_max_reuse_distance\": 0")),
+                        kEverything);
+  // Units: in (8*16+16 = 144), blocks 3 x 272, head (16*4+4 = 68), tied 64: every group padded
+  // to an even length, so each rank's part is half of each.
+  const int64_t part = 144 / 2 + 3 * 272 / 2 + 68 / 2 + 64 / 2;
+  for (const auto& r : runs) {
+    EXPECT_EQ(r.memory.params, 4 * part);
+    EXPECT_EQ(r.memory.grads, 4 * part);
+    EXPECT_EQ(r.memory.optimizer_state, 8 * part);
+    EXPECT_EQ(r.memory.master, 0);
+    EXPECT_GT(r.memory.gathered, 0);
+    EXPECT_LE(r.memory.gathered, 4 * (272 + 64)) << "more than a block and the tied matrix live";
+  }
+}
+
+// GatheredParameters with a modifier rank: rank 0's change is what every rank trains on.
+TEST(EngineZero3, GatheredParametersWritesTheModifiersChangeBack) {
+  for (const std::string prec : {std::string(""), std::string(", \"bf16\": {\"enabled\": true}")}) {
+    std::vector<at::Tensor> after(2);
+    auto errors = run_thread_ranks(2, [&](Communicator& c) {
+      StackNet net = make_stack_net(3);
+      InitOptions opts = borrowed(c);
+      opts.zero_units = kEverything;
+      auto engine = initialize(
+          net.ptr(),
+          config_json(4, 2, kAdamW + prec + zero3(", \"stage3_param_persistence_threshold\": 0")),
+          opts);
+      {
+        zero::GatheredParameters g(*net->head, /*modifier_rank=*/0);
+        at::NoGradGuard no_grad;
+        if (c.rank() == 0) net->head->weight.fill_(0.25);
+      }
+      {
+        zero::GatheredParameters g(*net);
+        after[c.rank()] = net->head->weight.detach().to(at::kFloat).clone();
+      }
+      // One step later the master weights (bf16: fp32 copies) carried the change too.
+      auto X = dataset_x().narrow(0, 2 * c.rank(), 2), Y = dataset_y().narrow(0, 2 * c.rank(), 2);
+      engine->backward(
+          at::mse_loss(net->forward(X.to(net->in->weight.scalar_type())).to(at::kFloat), Y));
+      engine->step();
+      zero::GatheredParameters g(*net->head);
+      EXPECT_LT((net->head->weight.detach().to(at::kFloat) - 0.25).abs().max().item<double>(),
+                0.05);
+    });
+    for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+    EXPECT_TRUE(at::allclose(after[0], at::full_like(after[0], 0.25)));
+    EXPECT_TRUE(at::equal(after[0], after[1]));
+  }
+}
+
+// Misuse gets a clear error naming the unit: a module inside a unit called on its own, nested
+// units, a GatheredParameters scope opened inside a unit or closed out of order, nested scopes
+// with different modifier ranks.
+struct MisuseNetImpl : torch::nn::Module {
+  MisuseNetImpl() {
+    outer = register_module(
+        "outer", torch::nn::Sequential(torch::nn::Linear(4, 4), torch::nn::Linear(4, 4)));
+    other = register_module("other", torch::nn::Linear(4, 4));
+  }
+  torch::nn::Sequential outer{nullptr};
+  torch::nn::Linear other{nullptr};
+};
+TORCH_MODULE(MisuseNet);
+
+TEST(EngineZero3, MisuseIsAClearError) {
+  auto errors = run_thread_ranks(2, [&](Communicator& c) {
+    MisuseNet net;
+    InitOptions opts = borrowed(c);
+    opts.zero_units = zero::UnitPolicy{{"outer", "other"}};
+    auto engine = initialize(
+        net.ptr(), config_json(4, 2, kAdamW + zero3(", \"stage3_param_persistence_threshold\": 0")),
+        opts);
+    at::Tensor x = at::ones({2, 4});
+    auto inner = net->outer->ptr(0);
+    std::string msg = testing::error_of<Error>([&] {
+      zero::call(
+          *inner, [&](const at::Tensor& v) { return v; }, x);
+    });
+    EXPECT_NE(msg.find("inside stage-3 unit 'outer'"), std::string::npos) << msg;
+    msg = testing::error_of<Error>([&] {
+      zero::call(
+          *net->outer,
+          [&](const at::Tensor& v) {
+            return zero::call(
+                *net->other, [&](const at::Tensor& w) { return w; }, v);
+          },
+          x);
+    });
+    EXPECT_NE(msg.find("'other' was called while unit 'outer' runs"), std::string::npos) << msg;
+    msg = testing::error_of<Error>([&] {
+      zero::call(
+          *net->outer,
+          [&](const at::Tensor& v) {
+            zero::GatheredParameters g(*net->other);
+            return v;
+          },
+          x);
+    });
+    EXPECT_NE(msg.find("GatheredParameters opened while stage-3 unit 'outer' runs"),
+              std::string::npos)
+        << msg;
+    msg = testing::error_of<Error>([&] { zero::GatheredParameters a(*net->outer, 2); });
+    EXPECT_NE(msg.find("is not a rank of this job"), std::string::npos) << msg;
+    msg = testing::error_of<Error>([&] {
+      zero::GatheredParameters a(*net->outer, 0);
+      zero::GatheredParameters b(*net->other, 1);
+    });
+    EXPECT_NE(msg.find("nested inside one with modifier_rank 0"), std::string::npos) << msg;
+    {
+      auto a = std::make_unique<zero::GatheredParameters>(*net->outer);
+      auto b = std::make_unique<zero::GatheredParameters>(*net->other);
+      a.reset();  // out of order: said at the next call
+    }
+    msg = testing::error_of<Error>([&] {
+      zero::call(
+          *net->other, [&](const at::Tensor& v) { return v; }, x);
+    });
+    EXPECT_NE(msg.find("closed out of order"), std::string::npos) << msg;
+    // A parameter shared by two units is refused when the engine is built.
+    auto shared = std::make_shared<torch::nn::Module>();
+    at::Tensor w = at::ones({4, 4});
+    for (const char* name : {"a", "b"}) {
+      auto holder = std::make_shared<torch::nn::Module>();
+      holder->register_parameter("w", w);
+      shared->register_module(name, holder);
+    }
+    InitOptions o2 = borrowed(c);
+    o2.zero_units = zero::UnitPolicy{{"a", "b"}};
+    msg = testing::error_of<ConfigError>([&] {
+      initialize(shared,
+                 config_json(4, 2, kAdamW + zero3(", \"stage3_param_persistence_threshold\": 0")),
+                 o2);
+    });
+    EXPECT_NE(msg.find("also belongs to unit 'a'"), std::string::npos) << msg;
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+}
+
+// Different unit orders on different ranks are an error on every rank, naming the units, never a
+// hang or silently mixed-up parameters: the first forward and backward (and any that leaves the
+// recorded order) compare every request across ranks; each pass's order is compared too.
+TEST(EngineZero3, DifferentUnitOrdersOnDifferentRanksAreAnError) {
+  auto errors = run_thread_ranks(2, [&](Communicator& c) {
+    StackNet net = make_stack_net(1);
+    InitOptions opts = borrowed(c);
+    opts.zero_units = kEverything;
+    auto engine = initialize(
+        net.ptr(), config_json(4, 2, kAdamW + zero3(", \"stage3_param_persistence_threshold\": 0")),
+        opts);
+    auto X = dataset_x().narrow(0, 2 * c.rank(), 2), Y = dataset_y().narrow(0, 2 * c.rank(), 2);
+    // Rank 1 runs its blocks in reverse: same sizes, different units; the first pass checks every
+    // request, so the forward stops at the first block.
+    at::Tensor h = zero::call(
+        *net->in, [&](const at::Tensor& v) { return at::tanh(net->in->forward(v)); }, X);
+    std::string fwd_error = testing::error_of<Error>([&] {
+      for (int i = 0; i < 3; ++i) {
+        auto lin = std::dynamic_pointer_cast<torch::nn::LinearImpl>(
+            net->blocks[c.rank() == 0 ? i : 2 - i]);
+        h = zero::call(
+            *lin, [lin](const at::Tensor& v) { return at::tanh(lin->forward(v)); }, h);
+      }
+    });
+    (void)Y;
+    EXPECT_NE(fwd_error.find("ran different stage-3 units at the same point"), std::string::npos)
+        << fwd_error;
+    EXPECT_NE(fwd_error.find(c.rank() == 0 ? "ran 'blocks.0' while another ran 'blocks.2'"
+                                           : "ran 'blocks.2' while another ran 'blocks.0'"),
+              std::string::npos)
+        << fwd_error;
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+}
+
+}  // namespace
+}  // namespace dscpp
