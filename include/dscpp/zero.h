@@ -34,12 +34,15 @@ class Module;
 
 namespace dscpp::zero {
 
-// Which submodules are stage-3 units. `paths` are globs over module paths ('*' matches any run of
-// characters, '?' one character); a module whose path matches is a unit, with every parameter of
-// its subtree that no earlier unit claimed. Modules inside a unit are not units themselves.
+// Which submodules are stage-3 units: those whose module path matches one of `paths`, or whose
+// type name (torch::nn::Module::name(), e.g. "dscpp::models::BlockImpl") matches one of `types`;
+// both are globs ('*' matches any run of characters, '?' one character). A unit holds every
+// parameter of its subtree that no earlier unit claimed; modules inside a unit are not units
+// themselves.
 struct UnitPolicy {
   std::vector<std::string> paths;
-  bool empty() const { return paths.empty(); }
+  std::vector<std::string> types;
+  bool empty() const { return paths.empty() && types.empty(); }
 };
 
 namespace detail {

@@ -154,6 +154,9 @@ Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& com
                    unit.part_offset, tap);
         // The parameter becomes a view of the unit's storage; its fp32 original is freed.
         p.set_data(unit.storage.full.narrow(0, off, n).view(p.sizes()));
+        unit.params.push_back(p);
+        unit.names.push_back(sharded[u].names[i]);
+        unit.shapes.push_back(p.sizes().vec());
       }
       ParamFetcher::swap_out(unit.storage);
     }
@@ -230,6 +233,8 @@ void Stage3::find_units(torch::nn::Module& model, const UnitPolicy& policy) {
     if (inside) continue;
     bool match = false;
     for (const auto& g : policy.paths) match = match || glob_match(g.c_str(), path.c_str());
+    const std::string type = item.value()->name();
+    for (const auto& g : policy.types) match = match || glob_match(g.c_str(), type.c_str());
     if (!match) continue;
     taken.push_back(path);
     units_.emplace_back();
@@ -237,11 +242,10 @@ void Stage3::find_units(torch::nn::Module& model, const UnitPolicy& policy) {
     units_.back().storage.name = path.empty() ? "(root)" : path;
   }
   DSCPP_CHECK(!units_.empty(), ConfigError,
-              "InitOptions::zero_units matches no module of the "
-              "model (patterns: ",
-              fmt_paths(policy.paths),
-              "). HINT: module paths are "
-              "named_modules() keys such as \"h.0\"; use globs like \"h.*\"");
+              "InitOptions::zero_units matches no module of the model (paths: ",
+              fmt_paths(policy.paths), "; types: ", fmt_paths(policy.types),
+              "). HINT: module paths are named_modules() keys such as \"h.0\" (globs like "
+              "\"h.*\"); types are Module::name(), e.g. \"*BlockImpl\"");
 }
 
 void Stage3::register_units() {
@@ -326,8 +330,24 @@ std::vector<at::Tensor> Stage3::run_unit(int u, const detail::UnitFn& fn,
   return out;
 }
 
+void Stage3::check_unchanged(int u) const {
+  const Unit& unit = units_[u];
+  const c10::StorageImpl* storage = unit.storage.full.storage().unsafeGetStorageImpl();
+  for (size_t i = 0; i < unit.params.size(); ++i) {
+    const at::Tensor& p = unit.params[i];
+    const bool moved = p.storage().unsafeGetStorageImpl() != storage;
+    DSCPP_CHECK(!moved && p.sizes() == c10::IntArrayRef(unit.shapes[i]), Error, "parameter '",
+                unit.names[i], "' of stage-3 unit '", unit_name(u), "' changed after the model "
+                "was sharded (", moved ? "it was given storage of its own" : "its shape is now ",
+                moved ? std::string() : c10::str(p.sizes()), "); stage 3 can no longer gather "
+                "it. HINT: change parameters before initialize(), or change their values inside "
+                "dscpp::zero::GatheredParameters with a modifier rank");
+  }
+}
+
 void Stage3::request(int u, bool record) {
   Unit& unit = units_[u];
+  check_unchanged(u);
   if (record) {
     if (!following_ && !whole_model_unit_) check_request_across_ranks(u);
     current_.push_back(u);

@@ -115,6 +115,10 @@ class Stage3 final : public Strategy {
     int group = 0;            // in the reducer
     int64_t part_offset = 0;  // of its shard in this rank's part
     FetchUnit storage;
+    // Its sharded parameters, their names and shapes when sharded (checked at each request).
+    std::vector<at::Tensor> params;
+    std::vector<std::string> names;
+    std::vector<std::vector<int64_t>> shapes;
     int held = 0;  // GatheredParameters scopes holding it gathered
     // In the current backward (NOTE [stage 3 backward]).
     int pending_inputs = 0;  // UnitInputs made in forward whose backward has not run
@@ -133,6 +137,8 @@ class Stage3 final : public Strategy {
   void on_group_complete(int group);
   void check_order_across_ranks();
   void check_request_across_ranks(int u);
+  // Throws naming the parameter when one of u's was replaced or reshaped after sharding.
+  void check_unchanged(int u) const;
   // Throws the error a destructor could not (a scope closed out of order), once.
   void raise_deferred();
   // Replaces the tensors that require grad by Fn's outputs (UnitInputs / UnitOutputs) over them;

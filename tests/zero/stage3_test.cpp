@@ -139,6 +139,7 @@ void expect_same_run(const Run& a, const Run& ref, double rtol, const std::strin
 }
 
 const zero::UnitPolicy kBlocks{{"blocks.*"}};
+const zero::UnitPolicy kLinears{{}, {"*LinearImpl"}};  // by type: the blocks, `in` and `head`
 const zero::UnitPolicy kEverything{{"in", "blocks.*", "head", "tied"}};
 
 std::string zero3(const std::string& extra = "") {
@@ -178,6 +179,7 @@ TEST(EngineZero3, MatchesStage0UnderEveryUnitSetting) {
   };
   const std::vector<Setting> settings = {
       {zero3(), kBlocks, false},
+      {zero3(", \"stage3_param_persistence_threshold\": 0"), kLinears, false},
       {zero3(", \"stage3_param_persistence_threshold\": 0"), kEverything, false},
       {zero3(", \"stage3_param_persistence_threshold\": 20"), kEverything, false},  // biases whole
       {zero3(", \"stage3_param_persistence_threshold\": 100000000"), kEverything,
@@ -376,6 +378,14 @@ TEST(EngineZero3, MisuseIsAClearError) {
           *net->other, [&](const at::Tensor& v) { return v; }, x);
     });
     EXPECT_NE(msg.find("closed out of order"), std::string::npos) << msg;
+    // A parameter replaced or reshaped after sharding cannot be gathered.
+    {
+      at::NoGradGuard no_grad;
+      net->other->bias.set_data(at::zeros({4}));
+    }
+    msg = testing::error_of<Error>([&] { zero::call(*net->other, [&](const at::Tensor& v) { return v; }, x); });
+    EXPECT_NE(msg.find("parameter 'other.bias' of stage-3 unit 'other' changed after the model was sharded"),
+              std::string::npos) << msg;
     // A parameter shared by two units is refused when the engine is built.
     auto shared = std::make_shared<torch::nn::Module>();
     at::Tensor w = at::ones({4, 4});
