@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <optional>
 #include <iostream>
 
 #include "dscpp/data.h"
@@ -126,18 +127,33 @@ int train_main(int argc, char** argv) {
   gc.n_layer = a.n_layer;
   gc.n_head = a.n_head;
   gc.n_embd = a.n_embd;
-  models::GPT model(gc, a.seed);
+  // At ZeRO stage 3 the GPT is built already sharded (zero::Init): each block is sharded as soon
+  // as it exists, so no rank ever holds the whole model.
+  const bool stage3 = config.zero_optimization.stage == 3;
+  models::GPT model(nullptr);
+  {
+    std::optional<zero::Init> sharded_build;
+    if (stage3) sharded_build.emplace(comm, models::GPTImpl::zero_units(), config, device);
+    model = models::GPT(gc, a.seed);
+  }
   model->to(device);
   model->set_activation_checkpointing(a.checkpoint_activations);
-  // Only rank 0 reads --init (the file may exist on its host alone); the engine broadcasts
-  // rank 0's weights to every rank.
-  if (!a.init.empty() && rank == 0) safetensors::load_into(*model, a.init);
+  if (stage3) {
+    struct rusage built {};
+    getrusage(RUSAGE_SELF, &built);
+    DSCPP_LOG_INFO("built the GPT sharded (zero::Init): peak RSS so far {:.1f} MiB",
+                   built.ru_maxrss / 1024.0);
+  }
+  // Below stage 3 only rank 0 reads --init (the file may exist on its host alone) and the engine
+  // broadcasts rank 0's weights; at stage 3 every rank reads its own shards after set-up.
+  if (!a.init.empty() && rank == 0 && !stage3) safetensors::load_into(*model, a.init);
 
   InitOptions io;
   io.comm = comm;
   io.zero_units = models::GPTImpl::zero_units();  // stage 3's units (ignored below)
   Engine engine(model.ptr(), config, io);
   engine.set_tokens_per_sample(a.block_size);
+  if (!a.init.empty() && stage3) zero::load_weights(*model, a.init);
   data::BatchLayout layout{engine.train_batch_size(), engine.train_micro_batch_size_per_gpu(),
                            engine.world_size(), engine.gradient_accumulation_steps()};
   data::Loader loader(data::Dataset(stream, a.block_size), layout, !a.no_shuffle, a.seed);

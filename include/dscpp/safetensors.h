@@ -16,6 +16,7 @@
 #include <ATen/ATen.h>
 
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -71,5 +72,38 @@ void save(const torch::nn::Module& module, const std::string& path,
 // or corrupt file. Returns the file's metadata.
 std::map<std::string, std::string> load_into(torch::nn::Module& module, const std::string& path,
                                              io::FileSystem* fs = nullptr);
+
+// A file's header, read and validated without its data, for reading tensors piece by piece (ZeRO
+// stage 3 reads only this rank's shard of each parameter). Not thread-safe.
+class Reader {
+ public:
+  // Opens and validates `path` as load() does, reading only its header. Throws IoError.
+  explicit Reader(const std::string& path, io::FileSystem* fs = nullptr);
+  ~Reader();
+  Reader(const Reader&) = delete;
+  Reader& operator=(const Reader&) = delete;
+
+  const std::map<std::string, std::string>& metadata() const;
+  // The tensors' names and shapes, in file order.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes() const;
+  // Reads elements [offset, offset + dst.numel()) of tensor `name` (in row-major order) into
+  // `dst` (contiguous, any dtype and device: converted). Throws IoError for an unknown name or a
+  // range outside the tensor.
+  void read(const std::string& name, int64_t offset, at::Tensor dst);
+  // Bytes of tensor data read so far.
+  uint64_t bytes_read() const { return bytes_read_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  uint64_t bytes_read_ = 0;
+};
+
+// Throws CheckpointError listing every parameter of `wanted` (name, shape) missing from `file`,
+// every tensor of the file no parameter wants and every shape mismatch, at once; `path` names the
+// file.
+void check_matches(const std::vector<std::pair<std::string, std::vector<int64_t>>>& wanted,
+                   const std::vector<std::pair<std::string, std::vector<int64_t>>>& file,
+                   const std::string& path);
 
 }  // namespace dscpp::safetensors

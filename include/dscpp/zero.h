@@ -18,10 +18,13 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -31,6 +34,13 @@
 namespace torch::nn {
 class Module;
 }
+
+namespace dscpp {
+struct Config;
+namespace comm {
+class Communicator;
+}
+}  // namespace dscpp
 
 namespace dscpp::zero {
 
@@ -116,5 +126,41 @@ class GatheredParameters {
   int64_t owner_ = 0;  // the stage-3 engine's registry id; 0 below stage 3
   int scope_ = -1;
 };
+
+// A scope in which a model is built already sharded (DeepSpeed's zero.Init), so that no rank
+// ever holds more than about one unit's full parameters plus its shards. Inside it, a model that
+// calls zero::built(module, path) once it has built and initialised a submodule has that
+// submodule moved to `device` and, when `units` makes it a unit, its parameters sharded at once:
+// rank 0's values are broadcast, each rank keeps its shard, and the full parameters are freed.
+// dscpp::initialize at ZeRO stage 3 with the same policy adopts the shards. The scope needs the
+// job's communicator and the config the engine will get (its stage3_param_persistence_threshold
+// and training dtype). Scopes do not nest; one belongs to the thread that opened it.
+class Init {
+ public:
+  Init(std::shared_ptr<comm::Communicator> comm, UnitPolicy units, const Config& config,
+       c10::Device device = c10::Device(c10::kCPU));
+  ~Init();
+  Init(const Init&) = delete;
+  Init& operator=(const Init&) = delete;
+
+  struct State;
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+// Reads safetensors weights (named as the model's named_parameters()) into a model that a ZeRO
+// stage-3 engine holds: each rank reads only the byte ranges of its own shards (and the whole of
+// the parameters that stay whole on every rank), into its shards and fp32 master weights. Below
+// stage 3 (no stage-3 engine holds the model) it is safetensors::load_into on this rank. Not a
+// collective. Throws CheckpointError naming every missing, extra or mis-shaped tensor at once (the
+// model is then unchanged), IoError for an unreadable file. Returns the file's metadata.
+std::map<std::string, std::string> load_weights(torch::nn::Module& model, const std::string& path);
+
+// Called by a model's constructor after building and initialising the submodule at `path` (its
+// named_modules() path in the finished model, "h.0"). Inside a zero::Init scope: moves it to the
+// scope's device and shards it if it is a unit (a collective: every rank builds the same model).
+// Outside one: nothing.
+void built(torch::nn::Module& module, const std::string& path);
 
 }  // namespace dscpp::zero

@@ -6,6 +6,7 @@
 #include "engine/check_supported.h"
 #include "engine/engine_impl.h"
 #include "util/log.h"
+#include "zero/presharded.h"
 #include "zero/reducer.h"
 #include "zero/stage3.h"
 
@@ -63,6 +64,14 @@ void EngineImpl::build_strategy() {
   const int world = comm_->world_size();
   const bool mixed = dtype_ != at::kFloat;
   const auto& zc = config_.zero_optimization;
+  if (stage != 3) {
+    for (size_t i = 0; i < np.params.size(); ++i) {
+      DSCPP_CHECK(!zero::is_presharded(np.params[i]), ConfigError, "parameter '", np.names[i],
+                  "' was sharded by zero::Init, which needs ZeRO stage 3, but "
+                  "zero_optimization.stage is ", stage, ". HINT: build the model without "
+                  "zero::Init, or train at stage 3");
+    }
+  }
   const zero::FlatLayout layout = zero::FlatLayout::of(np.params, world);
 
   // NOTE [bucket cap]: buckets above a sixteenth of the model help nothing.
@@ -105,7 +114,10 @@ void EngineImpl::build_strategy() {
   const bool broadcast_first = mixed || stage == 3;
   if (broadcast_first) {
     std::vector<comm::WorkHandle> works;
-    for (auto& p : np.params) works.push_back(comm_->broadcast(p.detach(), 0));
+    for (auto& p : np.params) {
+      // zero::Init broadcast the units it sharded already; their values are no longer here.
+      if (!zero::is_presharded(p)) works.push_back(comm_->broadcast(p.detach(), 0));
+    }
     for (auto& w : works) w->wait();
   }
   const auto param_options = np.params[0].options();

@@ -290,29 +290,125 @@ void save(const std::string& path, const TensorList& tensors,
   io::resolve(fs).write_file_atomically(path, pieces);
 }
 
-Contents load(const std::string& path, io::FileSystem* fs) {
-  auto file = io::resolve(fs).open_for_read(path);
-  const uint64_t size = file->size();
+namespace {
+
+// An open file and its validated header.
+struct OpenFile {
+  std::unique_ptr<io::RandomAccessFile> file;
+  Header header;
+  uint64_t data_start = 0;
+};
+
+OpenFile open_file(const std::string& path, io::FileSystem* fs) {
+  OpenFile f;
+  f.file = io::resolve(fs).open_for_read(path);
+  const uint64_t size = f.file->size();
   DSCPP_CHECK(size >= 8, IoError, "'", path, "' has ", size,
               " bytes, fewer than the 8-byte header length of a safetensors file. HINT: the "
               "file is truncated (torn write?) or not a safetensors file.");
   uint64_t n = 0;
-  file->pread(0, &n, 8);
+  f.file->pread(0, &n, 8);
   DSCPP_CHECK(n <= kMaxHeaderBytes && n <= size - 8, IoError, "'", path, "': header length ", n,
               " does not fit in the ", size,
               "-byte file. HINT: the file is truncated (torn write?) or not a safetensors file.");
   std::string text(n, '\0');
-  file->pread(8, text.data(), n);
-  const uint64_t data_start = 8 + n;
-  Header h = parse_header(text, size - data_start, path);
+  f.file->pread(8, text.data(), n);
+  f.data_start = 8 + n;
+  f.header = parse_header(text, size - f.data_start, path);
+  return f;
+}
+
+}  // namespace
+
+Contents load(const std::string& path, io::FileSystem* fs) {
+  OpenFile f = open_file(path, fs);
   Contents c;
-  c.metadata = std::move(h.metadata);
-  for (const auto& e : h.entries) {
+  c.metadata = std::move(f.header.metadata);
+  for (const auto& e : f.header.entries) {
     at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.type));
-    if (e.end > e.begin) file->pread(data_start + e.begin, t.data_ptr(), e.end - e.begin);
+    if (e.end > e.begin) f.file->pread(f.data_start + e.begin, t.data_ptr(), e.end - e.begin);
     c.tensors.emplace_back(e.name, std::move(t));
   }
   return c;
+}
+
+struct Reader::Impl {
+  OpenFile f;
+  std::string path;
+  std::map<std::string, const Entry*> by_name;
+};
+
+Reader::Reader(const std::string& path, io::FileSystem* fs) : impl_(std::make_unique<Impl>()) {
+  impl_->f = open_file(path, fs);
+  impl_->path = path;
+  for (const auto& e : impl_->f.header.entries) impl_->by_name[e.name] = &e;
+}
+
+Reader::~Reader() = default;
+
+const std::map<std::string, std::string>& Reader::metadata() const {
+  return impl_->f.header.metadata;
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> Reader::shapes() const {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (const auto& e : impl_->f.header.entries) out.emplace_back(e.name, e.shape);
+  return out;
+}
+
+void Reader::read(const std::string& name, int64_t offset, at::Tensor dst) {
+  auto it = impl_->by_name.find(name);
+  DSCPP_CHECK(it != impl_->by_name.end(), IoError, "'", impl_->path, "' has no tensor '", name,
+              "'");
+  const Entry& e = *it->second;
+  const int64_t item = static_cast<int64_t>(c10::elementSize(e.type));
+  const int64_t numel = static_cast<int64_t>((e.end - e.begin) / item);
+  const int64_t count = dst.numel();
+  DSCPP_CHECK(offset >= 0 && offset + count <= numel, IoError, "'", impl_->path, "': elements [",
+              offset, ", ", offset + count, ") of tensor '", name, "' lie outside its ", numel);
+  if (count == 0) return;
+  at::Tensor buf = at::empty({count}, at::TensorOptions().dtype(e.type));
+  impl_->f.file->pread(impl_->f.data_start + e.begin + offset * item, buf.data_ptr(),
+                       static_cast<size_t>(count * item));
+  bytes_read_ += static_cast<uint64_t>(count * item);
+  at::NoGradGuard no_grad;
+  dst.copy_(buf.view(dst.sizes()));
+}
+
+void check_matches(const std::vector<std::pair<std::string, std::vector<int64_t>>>& wanted,
+                   const std::vector<std::pair<std::string, std::vector<int64_t>>>& file,
+                   const std::string& path) {
+  std::map<std::string, std::vector<int64_t>> in_file(file.begin(), file.end());
+  std::vector<std::string> missing, mismatched, extra;
+  std::set<std::string> names;
+  for (const auto& [name, shape] : wanted) {
+    names.insert(name);
+    auto it = in_file.find(name);
+    if (it == in_file.end()) {
+      missing.push_back(name);
+    } else if (it->second != shape) {
+      mismatched.push_back(detail::str_cat(name, " (module ", c10::IntArrayRef(shape), ", file ",
+                                           c10::IntArrayRef(it->second), ")"));
+    }
+  }
+  for (const auto& [name, shape] : file) {
+    if (!names.count(name)) extra.push_back(name);
+  }
+  if (missing.empty() && extra.empty() && mismatched.empty()) return;
+  std::ostringstream os;
+  os << "'" << path << "' does not match the module (" << wanted.size() << " parameters, file "
+     << file.size() << " tensors):";
+  auto list = [&os](const char* what, const std::vector<std::string>& list_names) {
+    if (list_names.empty()) return;
+    os << "\n  " << what << " (" << list_names.size() << "):";
+    for (const auto& n : list_names) os << "\n    " << n;
+  };
+  list("missing from the file", missing);
+  list("in the file but not in the module", extra);
+  list("shape mismatch", mismatched);
+  os << "\nHINT: the file was saved from a model with another configuration (n_layer, n_embd, "
+        "vocab_size, block_size?).";
+  throw CheckpointError(os.str());
 }
 
 void save(const torch::nn::Module& module, const std::string& path,
@@ -327,43 +423,17 @@ void save(const torch::nn::Module& module, const std::string& path,
 std::map<std::string, std::string> load_into(torch::nn::Module& module, const std::string& path,
                                              io::FileSystem* fs) {
   Contents c = load(path, fs);
-  std::map<std::string, at::Tensor> file;
-  for (auto& [name, t] : c.tensors) file.emplace(name, t);
   auto params = module.named_parameters(/*recurse=*/true);
-
-  std::vector<std::string> missing, mismatched, extra;
-  std::set<std::string> wanted;
-  for (const auto& item : params) {
-    wanted.insert(item.key());
-    auto it = file.find(item.key());
-    if (it == file.end()) {
-      missing.push_back(item.key());
-    } else if (it->second.sizes() != item.value().sizes()) {
-      mismatched.push_back(detail::str_cat(item.key(), " (module ", item.value().sizes(), ", file ",
-                                           it->second.sizes(), ")"));
-    }
+  std::vector<std::pair<std::string, std::vector<int64_t>>> wanted, file;
+  for (const auto& item : params) wanted.emplace_back(item.key(), item.value().sizes().vec());
+  std::map<std::string, at::Tensor> by_name;
+  for (auto& [name, t] : c.tensors) {
+    file.emplace_back(name, t.sizes().vec());
+    by_name.emplace(name, t);
   }
-  for (const auto& [name, t] : c.tensors) {
-    if (!wanted.count(name)) extra.push_back(name);
-  }
-  if (!missing.empty() || !extra.empty() || !mismatched.empty()) {
-    std::ostringstream os;
-    os << "'" << path << "' does not match the module (" << params.size() << " parameters, file "
-       << c.tensors.size() << " tensors):";
-    auto list = [&os](const char* what, const std::vector<std::string>& names) {
-      if (names.empty()) return;
-      os << "\n  " << what << " (" << names.size() << "):";
-      for (const auto& n : names) os << "\n    " << n;
-    };
-    list("missing from the file", missing);
-    list("in the file but not in the module", extra);
-    list("shape mismatch", mismatched);
-    os << "\nHINT: the file was saved from a model with another configuration (n_layer, n_embd, "
-          "vocab_size, block_size?).";
-    throw CheckpointError(os.str());
-  }
+  check_matches(wanted, file, path);
   at::NoGradGuard no_grad;
-  for (auto& item : params) item.value().copy_(file.at(item.key()));
+  for (auto& item : params) item.value().copy_(by_name.at(item.key()));
   return c.metadata;
 }
 

@@ -159,24 +159,42 @@ at::Tensor BlockImpl::forward(const at::Tensor& x) {
 // ---------------------------------------------------------------------------------------------
 GPTImpl::GPTImpl(const GPTConfig& config, uint64_t seed) : config_(config) {
   config_.validate();
-  {
-    GlobalGeneratorGuard guard;
-    const int64_t c = config_.n_embd;
-    wte = register_module("wte", torch::nn::Embedding(config_.vocab_size, c));
-    wpe = register_module("wpe", torch::nn::Embedding(config_.block_size, c));
-    h = register_module("h", torch::nn::ModuleList());
-    for (int64_t i = 0; i < config_.n_layer; ++i) h->push_back(Block(c, config_.n_head));
-    ln_f = register_module("ln_f", make_layer_norm(c));
+  // Each top-level module is initialised as soon as it is built, drawing from one generator in
+  // named_parameters() order (so the values are init_weights(seed)'s), then handed to
+  // zero::built: inside a zero::Init scope a unit is sharded before the next one exists.
+  GlobalGeneratorGuard guard;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const int64_t c = config_.n_embd;
+  wte = register_module("wte", torch::nn::Embedding(config_.vocab_size, c));
+  init_module(*wte, "wte.", gen);
+  zero::built(*wte, "wte");
+  wpe = register_module("wpe", torch::nn::Embedding(config_.block_size, c));
+  init_module(*wpe, "wpe.", gen);
+  zero::built(*wpe, "wpe");
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config_.n_layer; ++i) {
+    Block block(c, config_.n_head);
+    h->push_back(block);
+    const std::string path = "h." + std::to_string(i);
+    init_module(*block, path + ".", gen);
+    zero::built(*block, path);
   }
-  init_weights(seed);
+  ln_f = register_module("ln_f", make_layer_norm(c));
+  init_module(*ln_f, "ln_f.", gen);
+  zero::built(*ln_f, "ln_f");
 }
 
 void GPTImpl::init_weights(uint64_t seed) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  init_module(*this, "", gen);
+}
+
+void GPTImpl::init_module(torch::nn::Module& module, const std::string& prefix,
+                          at::Generator& gen) {
   const double proj_std = kInitStd / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
   at::NoGradGuard no_grad;
-  for (auto& item : named_parameters(/*recurse=*/true)) {
-    const std::string& name = item.key();
+  for (auto& item : module.named_parameters(/*recurse=*/true)) {
+    const std::string name = prefix + item.key();
     at::Tensor& p = item.value();
     const bool is_layer_norm = name.find("ln_") != std::string::npos;
     at::Tensor value;

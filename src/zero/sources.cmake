@@ -11,4 +11,6 @@ target_sources(dscpp PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/stage1_2.cpp
   ${CMAKE_CURRENT_LIST_DIR}/stage3.cpp
   ${CMAKE_CURRENT_LIST_DIR}/fetcher.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/unit_call.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/unit_call.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/unit_policy.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/init.cpp)

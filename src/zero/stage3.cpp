@@ -8,30 +8,20 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "dscpp/error.h"
+#include "dscpp/safetensors.h"
 #include "util/log.h"
 #include "zero/gather.h"
+#include "zero/presharded.h"
 #include "zero/unit_functions.h"
+#include "zero/unit_policy.h"
 
 namespace dscpp::zero {
 namespace {
-
-// '*' matches any run of characters, '?' one.
-bool glob_match(const char* pattern, const char* text) {
-  if (*pattern == '\0') return *text == '\0';
-  if (*pattern == '*') {
-    for (const char* t = text;; ++t) {
-      if (glob_match(pattern + 1, t)) return true;
-      if (*t == '\0') return false;
-    }
-  }
-  if (*text == '\0') return false;
-  if (*pattern != '?' && *pattern != *text) return false;
-  return glob_match(pattern + 1, text + 1);
-}
 
 // Copies the piece of `values` (a parameter at `offset` of a flat buffer) that falls in this
 // rank's shard [shard_begin, shard_begin + shard_len) into `shard` (and the part tap at
@@ -104,6 +94,10 @@ Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& com
     numel_ += p.numel();
     auto it = owner.find(p.unsafeGetTensorImpl());
     const bool shard_it = it != owner.end() && p.numel() >= s3_.persistence_threshold;
+    DSCPP_CHECK(shard_it || !is_presharded(p), ConfigError, "parameter '", np.names[i],
+                "' was sharded by zero::Init but is in no unit of InitOptions::zero_units (or "
+                "below its stage3_param_persistence_threshold), so its values are gone. HINT: give "
+                "zero::Init and initialize() the same unit policy and config");
     NamedParams& dst = shard_it ? sharded[it->second] : resident;
     dst.params.push_back(p);
     dst.names.push_back(np.names[i]);
@@ -147,11 +141,29 @@ Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& com
       const FlatLayout& l = unit.layout;
       unit.storage.full = at::empty({l.padded}, options_);
       unit.storage.shard = shards_.narrow(0, unit.part_offset - resident_shard, l.shard);
+      // A unit zero::Init sharded as the model was built brings its shard; the others are whole.
+      std::optional<PreSharded> pre = take_presharded(*unit.module);
+      if (pre) {
+        bool same = pre->params.size() == sharded[u].params.size() && pre->layout.shard == l.shard;
+        for (size_t i = 0; same && i < pre->params.size(); ++i) {
+          same = pre->params[i].unsafeGetTensorImpl() == sharded[u].params[i].unsafeGetTensorImpl();
+        }
+        DSCPP_CHECK(same, ConfigError, "zero::Init sharded module '", pre->path,
+                    "' otherwise than "
+                    "the engine would (",
+                    pre->params.size(), " parameters there, ", sharded[u].params.size(),
+                    " here). HINT: give zero::Init the config and world "
+                    "size the engine gets");
+        unit.storage.shard.copy_(pre->fp32_shard);
+        if (tap) tap(unit.part_offset, pre->fp32_shard);
+      }
       for (size_t i = 0; i < sharded[u].params.size(); ++i) {
         at::Tensor p = sharded[u].params[i];
         auto [off, n] = l.segments[i];
-        take_shard(off, p.detach().reshape({-1}), l.shard_offset(rank), l.shard, unit.storage.shard,
-                   unit.part_offset, tap);
+        if (!pre) {
+          take_shard(off, p.detach().reshape({-1}), l.shard_offset(rank), l.shard,
+                     unit.storage.shard, unit.part_offset, tap);
+        }
         // The parameter becomes a view of the unit's storage; its fp32 original is freed.
         p.set_data(unit.storage.full.narrow(0, off, n).view(p.sizes()));
         unit.params.push_back(p);
@@ -160,6 +172,15 @@ Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& com
       }
       ParamFetcher::swap_out(unit.storage);
     }
+  }
+
+  // A module zero::Init sharded that is no unit here lost its values: refused.
+  for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
+    std::optional<PreSharded> left = take_presharded(*item.value());
+    DSCPP_CHECK(!left, ConfigError, "module '", item.key(),
+                "' was sharded by zero::Init but is "
+                "no unit of InitOptions::zero_units, so its parameters cannot be gathered. HINT: "
+                "give zero::Init and initialize() the same unit policy");
   }
 
   // The reducer: the resident group (group 0, its buckets last), then the units in order.
@@ -231,11 +252,7 @@ void Stage3::find_units(torch::nn::Module& model, const UnitPolicy& policy) {
     bool inside = false;
     for (const auto& t : taken) inside = inside || (path.rfind(t + ".", 0) == 0);
     if (inside) continue;
-    bool match = false;
-    for (const auto& g : policy.paths) match = match || glob_match(g.c_str(), path.c_str());
-    const std::string type = item.value()->name();
-    for (const auto& g : policy.types) match = match || glob_match(g.c_str(), type.c_str());
-    if (!match) continue;
+    if (!matches(policy, path, item.value()->name())) continue;
     taken.push_back(path);
     units_.emplace_back();
     units_.back().module = item.value().get();
@@ -337,9 +354,12 @@ void Stage3::check_unchanged(int u) const {
     const at::Tensor& p = unit.params[i];
     const bool moved = p.storage().unsafeGetStorageImpl() != storage;
     DSCPP_CHECK(!moved && p.sizes() == c10::IntArrayRef(unit.shapes[i]), Error, "parameter '",
-                unit.names[i], "' of stage-3 unit '", unit_name(u), "' changed after the model "
-                "was sharded (", moved ? "it was given storage of its own" : "its shape is now ",
-                moved ? std::string() : c10::str(p.sizes()), "); stage 3 can no longer gather "
+                unit.names[i], "' of stage-3 unit '", unit_name(u),
+                "' changed after the model "
+                "was sharded (",
+                moved ? "it was given storage of its own" : "its shape is now ",
+                moved ? std::string() : c10::str(p.sizes()),
+                "); stage 3 can no longer gather "
                 "it. HINT: change parameters before initialize(), or change their values inside "
                 "dscpp::zero::GatheredParameters with a modifier rank");
   }
@@ -507,6 +527,63 @@ void Stage3::check_order_across_ranks() {
              "); every rank must run "
              "the same units in the same order, since each gathers its parameters from all ranks. "
              "HINT: make data-dependent branches take the same path on every rank");
+}
+
+// ----- zero::load_weights ---------------------------------------------------------------------
+
+std::map<std::string, std::string> Stage3::load_weights(const std::string& path) {
+  safetensors::Reader reader(path);
+  auto named = model_->named_parameters(/*recurse=*/true);
+  std::vector<std::pair<std::string, std::vector<int64_t>>> wanted;
+  for (const auto& item : named) wanted.emplace_back(item.key(), item.value().sizes().vec());
+  safetensors::check_matches(wanted, reader.shapes(), path);
+  // Where each parameter lives: a unit's (unit, index) or the resident group's (-1, index).
+  std::unordered_map<const void*, std::pair<int, int>> place;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    for (size_t i = 0; i < units_[u].params.size(); ++i) {
+      place[units_[u].params[i].unsafeGetTensorImpl()] = {static_cast<int>(u), static_cast<int>(i)};
+    }
+  }
+  for (size_t i = 0; i < resident_params_.size(); ++i) {
+    place[resident_params_[i].unsafeGetTensorImpl()] = {-1, static_cast<int>(i)};
+  }
+  const int rank = comm_.rank();
+  at::NoGradGuard no_grad;
+  auto fp32 = at::TensorOptions().dtype(at::kFloat);
+  for (auto& item : named) {
+    at::Tensor& p = item.value();
+    auto it = place.find(p.unsafeGetTensorImpl());
+    if (it == place.end() || it->second.first < 0) {
+      // Whole on every rank (resident, or frozen): read all of it.
+      at::Tensor values = at::empty({p.numel()}, fp32);
+      reader.read(item.key(), 0, values);
+      p.copy_(values.view(p.sizes()));
+      if (it == place.end() || !tap_) continue;
+      const auto [off, n] = resident_layout_.segments[it->second.second];
+      const int64_t begin = resident_layout_.shard_offset(rank), len = resident_layout_.shard;
+      const int64_t lo = std::max(off, begin), hi = std::min(off + n, begin + len);
+      if (lo < hi) tap_(lo - begin, values.narrow(0, lo - off, hi - lo));
+      continue;
+    }
+    Unit& unit = units_[it->second.first];
+    const auto [off, n] = unit.layout.segments[it->second.second];
+    if (unit.storage.gathered && !unit.storage.work) {
+      // A gathered unit (the whole-model unit between steps, a GatheredParameters scope) gets
+      // the whole parameter too, so what runs next sees the new values.
+      at::Tensor values = at::empty({n}, fp32);
+      reader.read(item.key(), 0, values);
+      p.copy_(values.view(p.sizes()));
+    }
+    const int64_t begin = unit.layout.shard_offset(rank), len = unit.layout.shard;
+    const int64_t lo = std::max(off, begin), hi = std::min(off + n, begin + len);
+    if (lo >= hi) continue;
+    at::Tensor values = at::empty({hi - lo}, fp32);
+    reader.read(item.key(), lo - off, values);
+    unit.storage.shard.narrow(0, lo - begin, hi - lo).copy_(values);
+    if (tap_) tap_(unit.part_offset + lo - begin, values);
+  }
+  last_load_bytes_ = reader.bytes_read();
+  return reader.metadata();
 }
 
 // ----- GatheredParameters ---------------------------------------------------------------------

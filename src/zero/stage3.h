@@ -33,6 +33,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -99,6 +100,11 @@ class Stage3 final : public Strategy {
   void enter_backward(int u);
   // Backward passed u's inputs (UnitInputs / a checkpoint's end).
   void inputs_done(int u);
+
+  // zero::load_weights (include/dscpp/zero.h): this rank's byte ranges of a safetensors file.
+  std::map<std::string, std::string> load_weights(const std::string& path);
+  // Bytes of tensor data the last load_weights read.
+  uint64_t last_load_bytes() const { return last_load_bytes_; }
 
   // ----- GatheredParameters (include/dscpp/zero.h); a collective
   // Gathers the units that hold `module`'s parameters; returns the scope's id.
@@ -179,6 +185,7 @@ class Stage3 final : public Strategy {
   };
   std::vector<Scope> scopes_;
   std::string deferred_error_;
+  uint64_t last_load_bytes_ = 0;
   int next_scope_ = 0;
 
   // NOTE [stage 3 prefetch order]

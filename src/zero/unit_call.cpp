@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "dscpp/error.h"
+#include "dscpp/safetensors.h"
 #include "zero/stage3.h"
 #include "zero/unit_functions.h"
 
@@ -219,6 +220,15 @@ GatheredParameters::~GatheredParameters() noexcept(false) {
     return;
   }
   s->close_scope(scope_);
+}
+
+// ----- zero::load_weights ---------------------------------------------------------------------
+
+std::map<std::string, std::string> load_weights(torch::nn::Module& model, const std::string& path) {
+  UnitEntry e;
+  Stage3* s = registry::find(&model, &e) ? registry::owner(e.owner) : nullptr;
+  if (!s) return safetensors::load_into(model, path);
+  return s->load_weights(path);
 }
 
 // ----- zero::call / zero::checkpoint ----------------------------------------------------------

@@ -2,6 +2,8 @@
 // gradient norms and final weights at every world size and GAS, under every unit policy,
 // persistence threshold, prefetch and reuse setting, with and without zero::checkpoint; the
 // memory accounting; GatheredParameters; and the errors for misuse.
+#include "zero/stage3.h"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/nn/module.h>
@@ -14,10 +16,14 @@
 
 #include "dscpp/engine.h"
 #include "dscpp/error.h"
+#include "dscpp/models/gpt.h"
+#include "dscpp/safetensors.h"
 #include "dscpp/zero.h"
 #include "engine/test_net.h"
 #include "support/errors.h"
+#include "support/temp_dir.h"
 #include "support/thread_ranks.h"
+#include "zero/unit_functions.h"
 
 namespace dscpp {
 namespace {
@@ -383,9 +389,15 @@ TEST(EngineZero3, MisuseIsAClearError) {
       at::NoGradGuard no_grad;
       net->other->bias.set_data(at::zeros({4}));
     }
-    msg = testing::error_of<Error>([&] { zero::call(*net->other, [&](const at::Tensor& v) { return v; }, x); });
-    EXPECT_NE(msg.find("parameter 'other.bias' of stage-3 unit 'other' changed after the model was sharded"),
-              std::string::npos) << msg;
+    msg = testing::error_of<Error>([&] {
+      zero::call(
+          *net->other, [&](const at::Tensor& v) { return v; }, x);
+    });
+    EXPECT_NE(
+        msg.find(
+            "parameter 'other.bias' of stage-3 unit 'other' changed after the model was sharded"),
+        std::string::npos)
+        << msg;
     // A parameter shared by two units is refused when the engine is built.
     auto shared = std::make_shared<torch::nn::Module>();
     at::Tensor w = at::ones({4, 4});
@@ -439,6 +451,135 @@ TEST(EngineZero3, DifferentUnitOrdersOnDifferentRanksAreAnError) {
         << fwd_error;
   });
   for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+}
+
+// zero::Init builds the GPT already sharded: every unit's large parameters hold no memory once
+// the constructor returns, and after initialize() the model is the one a normal build makes.
+TEST(EngineZero3, InitBuildsTheModelShardedWithTheSameValues) {
+  models::GPTConfig gc;
+  gc.vocab_size = 16;
+  gc.block_size = 8;
+  gc.n_layer = 2;
+  gc.n_head = 2;
+  gc.n_embd = 32;
+  const std::string cfg =
+      config_json(4, 2, kAdamW + zero3(", \"stage3_param_persistence_threshold\": 100"));
+  models::GPT reference(gc, 11);
+  std::vector<at::Tensor> got(2);
+  auto errors = run_thread_ranks(2, [&](Communicator& c) {
+    auto comm = std::shared_ptr<Communicator>(&c, [](Communicator*) {});
+    models::GPT model(nullptr);
+    {
+      zero::Init init(comm, models::GPTImpl::zero_units(), Config::parse(cfg));
+      model = models::GPT(gc, 11);
+    }
+    for (const auto& item : model->named_parameters()) {
+      const bool sharded = item.value().numel() >= 100 && item.key().rfind("wpe", 0) != 0 &&
+                           item.key().rfind("ln_f", 0) != 0;
+      EXPECT_EQ(item.value().storage().nbytes() == 0, sharded) << item.key();
+    }
+    InitOptions opts = borrowed(c);
+    opts.zero_units = models::GPTImpl::zero_units();
+    auto engine = initialize(model.ptr(), cfg, opts);
+    zero::GatheredParameters whole(*model);
+    std::vector<at::Tensor> flat;
+    for (auto& p : model->parameters()) flat.push_back(p.detach().reshape({-1}).clone());
+    got[c.rank()] = at::cat(flat);
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+  std::vector<at::Tensor> flat;
+  for (auto& p : reference->parameters()) flat.push_back(p.detach().reshape({-1}));
+  EXPECT_TRUE(at::equal(got[0], at::cat(flat)));
+  EXPECT_TRUE(at::equal(got[1], got[0]));
+}
+
+// A model zero::Init sharded needs stage 3 and the same unit policy.
+TEST(EngineZero3, InitNeedsStage3AndTheSamePolicy) {
+  models::GPTConfig gc;
+  gc.vocab_size = 16;
+  gc.block_size = 8;
+  gc.n_layer = 2;
+  gc.n_head = 2;
+  gc.n_embd = 32;
+  const std::string cfg3 =
+      config_json(2, 2, kAdamW + zero3(", \"stage3_param_persistence_threshold\": 100"));
+  auto errors = run_thread_ranks(1, [&](Communicator& c) {
+    auto comm = std::shared_ptr<Communicator>(&c, [](Communicator*) {});
+    auto build = [&] {
+      zero::Init init(comm, models::GPTImpl::zero_units(), Config::parse(cfg3));
+      return models::GPT(gc, 1);
+    };
+    models::GPT a = build();
+    std::string msg = testing::error_of<ConfigError>([&] {
+      initialize(a.ptr(), config_json(2, 2, kAdamW + ", \"zero_optimization\": {\"stage\": 2}"),
+                 borrowed(c));
+    });
+    EXPECT_NE(msg.find("was sharded by zero::Init, which needs ZeRO stage 3"), std::string::npos)
+        << msg;
+    models::GPT b = build();
+    InitOptions opts = borrowed(c);
+    opts.zero_units = zero::UnitPolicy{{"h.*"}};  // not wte
+    msg = testing::error_of<ConfigError>([&] { initialize(b.ptr(), cfg3, opts); });
+    EXPECT_NE(msg.find("parameter 'wte.weight' was sharded by zero::Init but is in no unit"),
+              std::string::npos)
+        << msg;
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+}
+
+// zero::load_weights at stage 3: each rank reads only its shards' bytes, into its shards and
+// (bf16) its fp32 master weights; the whole model is then the file's.
+TEST(EngineZero3, LoadWeightsReadsOnlyThisRanksShards) {
+  testing::TempDir dir;
+  const std::string path = dir.file("w.safetensors");
+  {
+    StackNet net = make_stack_net(5);
+    safetensors::TensorList tensors;
+    int k = 0;
+    for (const auto& item : net->named_parameters()) {
+      tensors.emplace_back(
+          item.key(),
+          at::arange(item.value().numel(), at::kFloat).reshape(item.value().sizes()) * 0.001 + k++);
+    }
+    safetensors::save(path, tensors);
+  }
+  for (const std::string prec : {std::string(""), std::string(", \"bf16\": {\"enabled\": true}")}) {
+    std::vector<at::Tensor> got(2);
+    auto errors = run_thread_ranks(2, [&](Communicator& c) {
+      StackNet net = make_stack_net(1);
+      InitOptions opts = borrowed(c);
+      opts.zero_units = kEverything;
+      const std::string zero =
+          ", \"zero_optimization\": {\"stage\": 3, \"stage3_param_persistence_threshold\": 0}";
+      auto engine = initialize(
+          net.ptr(),
+          config_json(
+              4, 2, ", \"optimizer\": {\"type\": \"SGD\", \"params\": {\"lr\": 0}}" + prec + zero),
+          opts);
+      zero::load_weights(*net, path);
+      zero::UnitEntry e;
+      ASSERT_TRUE(zero::registry::find(net.get(), &e));
+      // 1092 elements in units padded to even lengths: half of them per rank, 4 bytes each.
+      EXPECT_EQ(zero::registry::owner(e.owner)->last_load_bytes(), 4u * 1092 / 2);
+      // A step at lr 0 republishes the master weights: they carry the file's values too.
+      auto X = dataset_x().narrow(0, 2 * c.rank(), 2), Y = dataset_y().narrow(0, 2 * c.rank(), 2);
+      engine->backward(
+          at::mse_loss(net->forward(X.to(net->in->weight.scalar_type())).to(at::kFloat), Y));
+      engine->step();
+      zero::GatheredParameters whole(*net);
+      std::vector<at::Tensor> flat;
+      for (auto& p : net->parameters()) flat.push_back(p.detach().reshape({-1}).to(at::kFloat));
+      got[c.rank()] = at::cat(flat);
+    });
+    for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+    auto file = safetensors::load(path);
+    std::vector<at::Tensor> flat;
+    for (auto& [name, t] : file.tensors) flat.push_back(t.reshape({-1}));
+    at::Tensor want = at::cat(flat);
+    if (!prec.empty()) want = want.to(at::kBFloat16).to(at::kFloat);
+    EXPECT_TRUE(at::equal(got[0], want)) << prec;
+    EXPECT_TRUE(at::equal(got[1], want)) << prec;
+  }
 }
 
 }  // namespace

@@ -90,10 +90,12 @@ TORCH_MODULE(Block);
 
 class GPTImpl : public torch::nn::Module {
  public:
-  // Builds the model on the CPU in fp32 and initialises it with init_weights(seed). Throws
-  // ConfigError when config.validate() does. The process's global random generator is left
-  // exactly as it was (see init_weights), so building a model does not change what the
-  // caller's own torch::randn calls return.
+  // Builds the model on the CPU in fp32 and initialises it as init_weights(seed) does, module by
+  // module as each is built: inside a dscpp::zero::Init scope each unit (GPTImpl::zero_units())
+  // is sharded as soon as it exists, so the whole model never does. Throws ConfigError when
+  // config.validate() does. The process's global random generator is left exactly as it was (see
+  // init_weights), so building a model does not change what the caller's own torch::randn calls
+  // return.
   explicit GPTImpl(const GPTConfig& config, uint64_t seed = 0);
 
   // GPT-2 initialisation from `seed`, deterministic and independent of the global generator:
@@ -131,6 +133,9 @@ class GPTImpl : public torch::nn::Module {
   torch::nn::LayerNorm ln_f{nullptr};
 
  private:
+  // Initialises `module`'s parameters (named prefix + their local names) from `gen`.
+  void init_module(torch::nn::Module& module, const std::string& prefix, at::Generator& gen);
+
   GPTConfig config_;
   bool checkpoint_blocks_ = false;
 };
