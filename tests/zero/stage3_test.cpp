@@ -453,15 +453,21 @@ TEST(EngineZero3, DifferentUnitOrdersOnDifferentRanksAreAnError) {
   for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
 }
 
-// zero::Init builds the GPT already sharded: every unit's large parameters hold no memory once
-// the constructor returns, and after initialize() the model is the one a normal build makes.
-TEST(EngineZero3, InitBuildsTheModelShardedWithTheSameValues) {
+// A GPT of 2 blocks x 32 wide: its c_attn/c_fc/c_proj weights and wte are at least 100 elements.
+models::GPTConfig small_gpt() {
   models::GPTConfig gc;
   gc.vocab_size = 16;
   gc.block_size = 8;
   gc.n_layer = 2;
   gc.n_head = 2;
   gc.n_embd = 32;
+  return gc;
+}
+
+// zero::Init builds the GPT already sharded: every unit's large parameters hold no memory once
+// the constructor returns, and after initialize() the model is the one a normal build makes.
+TEST(EngineZero3, InitBuildsTheModelShardedWithTheSameValues) {
+  const models::GPTConfig gc = small_gpt();
   const std::string cfg =
       config_json(4, 2, kAdamW + zero3(", \"stage3_param_persistence_threshold\": 100"));
   models::GPT reference(gc, 11);
@@ -495,12 +501,7 @@ TEST(EngineZero3, InitBuildsTheModelShardedWithTheSameValues) {
 
 // A model zero::Init sharded needs stage 3 and the same unit policy.
 TEST(EngineZero3, InitNeedsStage3AndTheSamePolicy) {
-  models::GPTConfig gc;
-  gc.vocab_size = 16;
-  gc.block_size = 8;
-  gc.n_layer = 2;
-  gc.n_head = 2;
-  gc.n_embd = 32;
+  const models::GPTConfig gc = small_gpt();
   const std::string cfg3 =
       config_json(2, 2, kAdamW + zero3(", \"stage3_param_persistence_threshold\": 100"));
   auto errors = run_thread_ranks(1, [&](Communicator& c) {
