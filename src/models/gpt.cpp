@@ -197,16 +197,17 @@ void GPTImpl::init_module(torch::nn::Module& module, const std::string& prefix,
     const std::string name = prefix + item.key();
     at::Tensor& p = item.value();
     const bool is_layer_norm = name.find("ln_") != std::string::npos;
-    at::Tensor value;
+    // In place: a temporary per parameter would be a model's worth of freed chunks, which raise
+    // glibc's mmap threshold so that the parameters land on the heap, where the memory the
+    // engine frees when it flattens them is not returned to the system.
     if (ends_with(name, ".bias")) {
-      value = at::zeros(p.sizes(), at::kFloat);
+      p.zero_();
     } else if (is_layer_norm) {
-      value = at::ones(p.sizes(), at::kFloat);
+      p.fill_(1.0);
     } else {
       const double std = ends_with(name, "c_proj.weight") ? proj_std : kInitStd;
-      value = at::empty(p.sizes(), at::kFloat).normal_(0.0, std, gen);
+      p.normal_(0.0, std, gen);
     }
-    p.copy_(value);
   }
 }
 

@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "dscpp/error.h"
+#include "util/memory.h"
 
 namespace dscpp::zero {
 
@@ -63,6 +64,7 @@ at::Tensor flatten_parameters(const std::vector<at::Tensor>& params,
     at::Tensor p = params[i];
     p.set_data(flat.narrow(0, off, n).view(params[i].sizes()));
   }
+  return_freed_memory();  // the originals, wherever the model's allocations put them
   return flat;
 }
 
