@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # ZeRO memory and speed on the built-in GPT through `dscpp train` on local processes, one
 # intra-op thread each.
-#   bench/zero_bench.sh memory [STEPS]         stages 0/1/2 x fp32/bf16 x worlds 2 and 4: each
+#   bench/zero_bench.sh memory [STEPS]         stages 0-3 x fp32/bf16 x worlds 2 and 4: each
 #                                              rank's model-state bytes (the engine's accounting)
 #                                              and peak RSS, beside the ZeRO formulas
 #   bench/zero_bench.sh speed [ROUNDS] [STEPS]  stages 0/1/2 at 2 ranks in fp32 (and PyTorch DDP
 #                                              with DDP=1), alternated per round: steady tokens/s,
 #                                              peak RSS, and each stage's time per step over stage
 #                                              0's in the same round; medians at the end
+#   bench/zero_bench.sh stage3 [ROUNDS] [STEPS] stage 3 against stage 0 at 2 ranks: its defaults,
+#                                              release after use with and without prefetch, and
+#                                              the share of the all-gather wait prefetch hides
 #   bench/zero_bench.sh scale [ROUNDS] [STEPS]  `speed` on the 150M GPT with PyTorch DDP beside
 #                                              it, once with DeepSpeed's default zero settings and
 #                                              once with 25M-element buckets
@@ -27,8 +30,10 @@ MODE=${1:-memory}
 MODEL=${MODEL:-small}
 if [ "$MODEL" = 150m ]; then
   L=${L:-12} H=${H:-16} C=${C:-1024} T=${T:-256} MB=${MB:-1} DATA=${DATA:-../shared/data/tinyshakespeare.txt}
+  S3_AHEAD=${S3_AHEAD:-15000000} S3_LIVE=${S3_LIVE:-30000000}
 else
   L=${L:-16} H=${H:-8} C=${C:-512} T=${T:-} MB=${MB:-2} DATA=${DATA:-}
+  S3_AHEAD=${S3_AHEAD:-5000000} S3_LIVE=${S3_LIVE:-10000000}
 fi
 BUCKETS=${BUCKETS:-5000000}
 export OMP_NUM_THREADS=1
@@ -38,17 +43,28 @@ next_port() { port=$((port + 1)); }
 CFG=$(mktemp /tmp/zero_bench_XXXXXX.json)
 trap 'rm -f "$CFG"' EXIT
 
-# write_config STAGE PRECISION WORLD
+# write_config STAGE PRECISION WORLD [EXTRA_ZERO_KEYS]: EXTRA_ZERO_KEYS (", \"k\": v, ...") go into
+# zero_optimization; stage 3 runs log every step with the wall-clock breakdown (gather waits).
 write_config() {
-  local prec="" zero="\"stage\": $1"
+  local prec="" zero="\"stage\": $1" print=1000 breakdown=false
   [ "$2" = bf16 ] && prec=', "bf16": {"enabled": true}'
   [ "$BUCKETS" != default ] &&
     zero+=", \"overlap_comm\": true, \"reduce_bucket_size\": $BUCKETS, \"allgather_bucket_size\": $BUCKETS"
+  zero+="${4:-}"
+  [ "$1" = 3 ] && print=1 breakdown=true
   cat >"$CFG" <<JSON
-{"train_batch_size": $((MB * $3)), "train_micro_batch_size_per_gpu": $MB, "steps_per_print": 1000,
- "gradient_clipping": 1.0, "zero_optimization": {$zero},
+{"train_batch_size": $((MB * $3)), "train_micro_batch_size_per_gpu": $MB, "steps_per_print": $print,
+ "wall_clock_breakdown": $breakdown, "gradient_clipping": 1.0, "zero_optimization": {$zero},
  "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.01}}$prec}
 JSON
+}
+
+# Stage 3 in the memory table: one unit live at a time (no prefetch, released after each use).
+S3_LEAN=', "stage3_prefetch_bucket_size": 0, "stage3_max_reuse_distance": 0'
+# The mean over steps 6.. of rank 0's wait for stage-3 parameter gathers, in ms per step.
+gather_wait() {
+  grep -o 'step [0-9]* |.*waiting for stage-3 parameter gathers [0-9.]*' |
+    awk '{s = $2; w = $NF; if (s > 5) {t += w; n++}} END {printf "%.1f", n ? t / n : 0}'
 }
 
 data_args=()
@@ -75,24 +91,27 @@ median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print (NR % 2 ?
 
 if [ "$MODE" = memory ]; then
   STEPS=${2:-2}
-  printf '| precision | world | stage | formula bytes/param | formula MiB | model states MiB (rank 0) | measured / formula | staging MiB | peak RSS MiB (max rank) |\n'
-  printf '|---|---|---|---|---|---|---|---|---|\n'
+  printf '| precision | world | stage | formula bytes/param | formula MiB | model states MiB (rank 0) | measured / formula | staging MiB | gathered MiB | peak RSS MiB (max rank) |\n'
+  printf '|---|---|---|---|---|---|---|---|---|---|\n'
   for prec in fp32 bf16; do
     for world in 2 4; do
-      for stage in 0 1 2; do
-        write_config "$stage" "$prec" "$world"
+      for stage in 0 1 2 3; do
+        write_config "$stage" "$prec" "$world" "$([ "$stage" = 3 ] && echo "$S3_LEAN")"
         next_port
         out=$(run "$world" "$STEPS")
         params=$(grep -o '; [0-9]* parameters' <<<"$out" | head -1 | grep -o '[0-9]*')
         states=$(grep -o 'rank 0: peak RSS [0-9.]* MiB; model states [0-9.]*' <<<"$out" | awk '{print $NF}')
         staging=$(grep -o 'rank 0: .*gradient staging [0-9.]*' <<<"$out" | awk '{print $NF}')
         rss=$(peak_rss <<<"$out")
-        # bytes per parameter: fp32 Adam 16, 8 + 8/N, 4 + 12/N; bf16 + fp32 master 16, 4 + 12/N, 2 + 14/N
-        awk -v p="$prec" -v n="$world" -v s="$stage" -v P="$params" -v m="$states" -v g="$staging" -v r="$rss" 'BEGIN {
-          if (p == "fp32") k = (s == 0) ? 16 : (s == 1) ? 8 + 8 / n : 4 + 12 / n;
+        live=$(grep -o 'rank 0: ZeRO stage 3 held at most [0-9.]*' <<<"$out" | awk '{print $NF}' || true)
+        # bytes per parameter: fp32 Adam 16, 8 + 8/N, 4 + 12/N, 16/N; bf16 + fp32 master 16,
+        # 4 + 12/N, 2 + 14/N, 16/N
+        awk -v p="$prec" -v n="$world" -v s="$stage" -v P="$params" -v m="$states" -v g="$staging" -v l="${live:-0}" -v r="$rss" 'BEGIN {
+          if (s == 3) k = 16 / n;
+          else if (p == "fp32") k = (s == 0) ? 16 : (s == 1) ? 8 + 8 / n : 4 + 12 / n;
           else k = (s == 0) ? 16 : (s == 1) ? 4 + 12 / n : 2 + 14 / n;
           f = k * P / 1048576;
-          printf "| %s | %d | %d | %.2f | %.1f | %.1f | %.4f | %.1f | %.0f |\n", p, n, s, k, f, m, m / f, g, r }'
+          printf "| %s | %d | %d | %.2f | %.1f | %.1f | %.4f | %.1f | %.1f | %.0f |\n", p, n, s, k, f, m, m / f, g, l, r }'
       done
     done
   done
@@ -134,8 +153,46 @@ speed() {
     "$(median "${m0[@]}")" "$(median "${m1[@]}")" "$(median "${m2[@]}")" "$dmem"
 }
 
+# stage3 ROUNDS STEPS: at 2 ranks in fp32, each round runs stage 0, then stage 3 three ways:
+# DeepSpeed's defaults (units kept once gathered in a pass); released after each use with a
+# bounded prefetch (S3_PREFETCH); released after each use without prefetch, so every gather is
+# waited for. Rank 0's wait for gathers per step, and the fraction of the no-prefetch wait that
+# prefetch hides (1 - wait / wait without prefetch).
+S3_PREFETCH=", \"stage3_max_reuse_distance\": 0, \"stage3_prefetch_bucket_size\": $S3_AHEAD, \"stage3_max_live_parameters\": $S3_LIVE"
+stage3_speed() {
+  local rounds=$1 steps=$2 r out
+  local -a t0 td tp tn rd rp rn wd wp wn hd hp m0 md mp mn
+  printf '| round | stage 0 tokens/s | stage 3 defaults | stage 3 release + prefetch | stage 3 release, no prefetch | time / stage 0: defaults, prefetch, none | gather wait ms/step: defaults, prefetch, none | hidden: defaults, prefetch | peak RSS MiB: stage 0, defaults, prefetch, none |\n'
+  printf '|---|---|---|---|---|---|---|---|---|\n'
+  for r in $(seq "$rounds"); do
+    write_config 0 fp32 2; next_port; out=$(run 2 "$steps")
+    t0+=("$(tput <<<"$out")") m0+=("$(peak_rss <<<"$out")")
+    write_config 3 fp32 2; next_port; out=$(run 2 "$steps")
+    td+=("$(tput <<<"$out")") wd+=("$(gather_wait <<<"$out")") md+=("$(peak_rss <<<"$out")")
+    write_config 3 fp32 2 "$S3_PREFETCH"; next_port; out=$(run 2 "$steps")
+    tp+=("$(tput <<<"$out")") wp+=("$(gather_wait <<<"$out")") mp+=("$(peak_rss <<<"$out")")
+    write_config 3 fp32 2 "$S3_LEAN"; next_port; out=$(run 2 "$steps")
+    tn+=("$(tput <<<"$out")") wn+=("$(gather_wait <<<"$out")") mn+=("$(peak_rss <<<"$out")")
+    rd+=("$(awk -v a="${t0[-1]}" -v b="${td[-1]}" 'BEGIN {printf "%.3f", a / b}')")
+    rp+=("$(awk -v a="${t0[-1]}" -v b="${tp[-1]}" 'BEGIN {printf "%.3f", a / b}')")
+    rn+=("$(awk -v a="${t0[-1]}" -v b="${tn[-1]}" 'BEGIN {printf "%.3f", a / b}')")
+    hd+=("$(awk -v a="${wd[-1]}" -v b="${wn[-1]}" 'BEGIN {printf "%.2f", (b > 0 ? 1 - a / b : 0)}')")
+    hp+=("$(awk -v a="${wp[-1]}" -v b="${wn[-1]}" 'BEGIN {printf "%.2f", (b > 0 ? 1 - a / b : 0)}')")
+    printf '| %s | %s | %s | %s | %s | %s / %s / %s | %s / %s / %s | %s / %s | %s / %s / %s / %s |\n' "$r" \
+      "${t0[-1]}" "${td[-1]}" "${tp[-1]}" "${tn[-1]}" "${rd[-1]}" "${rp[-1]}" "${rn[-1]}" \
+      "${wd[-1]}" "${wp[-1]}" "${wn[-1]}" "${hd[-1]}" "${hp[-1]}" "${m0[-1]}" "${md[-1]}" \
+      "${mp[-1]}" "${mn[-1]}"
+  done
+  printf '| median | %s | %s | %s | %s | %s / %s / %s | %s / %s / %s | %s / %s | %s / %s / %s / %s |\n' \
+    "$(median "${t0[@]}")" "$(median "${td[@]}")" "$(median "${tp[@]}")" "$(median "${tn[@]}")" \
+    "$(median "${rd[@]}")" "$(median "${rp[@]}")" "$(median "${rn[@]}")" "$(median "${wd[@]}")" \
+    "$(median "${wp[@]}")" "$(median "${wn[@]}")" "$(median "${hd[@]}")" "$(median "${hp[@]}")" \
+    "$(median "${m0[@]}")" "$(median "${md[@]}")" "$(median "${mp[@]}")" "$(median "${mn[@]}")"
+}
+
 case "$MODE" in
   speed) speed "${2:-5}" "${3:-40}" ;;
+  stage3) stage3_speed "${2:-5}" "${3:-40}" ;;
   scale)
     if [ "$MODEL" != 150m ]; then exec env MODEL=150m "$0" "$@"; fi
     for BUCKETS in default 25000000; do
@@ -143,5 +200,5 @@ case "$MODE" in
       DDP=1 speed "${2:-3}" "${3:-10}"
     done
     ;;
-  *) echo "usage: bench/zero_bench.sh memory|speed|scale [...]" >&2; exit 2 ;;
+  *) echo "usage: bench/zero_bench.sh memory|speed|scale|stage3 [...]" >&2; exit 2 ;;
 esac

@@ -275,6 +275,23 @@ struct OffloadParamConfig {
   bool pin_memory = false;
 };
 
+// zero_optimization.leaf_module (deepspeed/runtime/zero/leaf_module_config.py): which submodules
+// are stage-3 units. DeepSpeed gathers a "leaf module"'s whole subtree at once, which is what a
+// dscpp unit is; dscpp adds these to InitOptions::zero_units (include/dscpp/zero.h). Each key takes
+// a string or an array of strings. Every entry must match a module of the model (DeepSpeed only
+// warns). Only stage 3 reads it, as DeepSpeed.
+struct ZeroLeafModuleConfig {
+  // Module types: torch::nn::Module::name() whole ("dscpp::models::BlockImpl") or after its last
+  // "::" ("BlockImpl"), as DeepSpeed takes a class's qualified or bare name. Default empty
+  // (DeepSpeed's defaults name Hugging Face Python classes, which a libtorch model cannot be).
+  std::vector<std::string> classes;
+  // Module paths as named_modules() spells them ("h.0"). Default empty.
+  std::vector<std::string> names;
+  // Module paths ending with one of these ("attn"). Default empty.
+  std::vector<std::string> name_suffixes;
+  bool empty() const { return classes.empty() && names.empty() && name_suffixes.empty(); }
+};
+
 struct ZeroConfig {
   // 0: off (gradients all-reduced), 1: optimizer state sharded, 2: + gradients sharded,
   // 3: + parameters sharded. Default 0. In 0..3.
@@ -314,6 +331,7 @@ struct ZeroConfig {
   bool stage3_gather_16bit_weights_on_model_save = false;
   // Ignore parameters that get no gradient instead of failing. Default true.
   bool ignore_unused_parameters = true;
+  ZeroLeafModuleConfig leaf_module;
   OffloadOptimizerConfig offload_optimizer;
   OffloadParamConfig offload_param;
 };

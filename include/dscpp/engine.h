@@ -46,8 +46,9 @@ struct InitOptions {
   // A client LR scheduler instead of the config's `scheduler` section; stepped after each
   // applied optimizer step.
   std::shared_ptr<torch::optim::LRScheduler> lr_scheduler;
-  // ZeRO stage 3: which submodules are units (include/dscpp/zero.h). Empty: the whole model is
-  // one unit. Ignored below stage 3.
+  // ZeRO stage 3: which submodules are units (include/dscpp/zero.h), with the config's
+  // zero_optimization.leaf_module added. Both empty: the whole model is one unit. Every pattern
+  // must match a module. Ignored below stage 3.
   zero::UnitPolicy zero_units;
 };
 

@@ -14,7 +14,8 @@
 //
 // Which submodules are units is a UnitPolicy: module paths as named_modules() spells them
 // ("h.0"), matched by globs ("h.*"). It is given to dscpp::initialize through
-// InitOptions::zero_units; a model with no policy is one unit.
+// InitOptions::zero_units, and the config's zero_optimization.leaf_module (DeepSpeed's) adds to
+// it; a model with no policy is one unit.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -395,6 +395,31 @@ void parse_offload_param(JsonReader& zr, OffloadParamConfig* o) {
   r.finish();
 }
 
+// A key that takes a string or an array of strings (DeepSpeed coerces the string to a list).
+void get_strings(JsonReader& r, std::string_view key, std::vector<std::string>* out) {
+  if (const nlohmann::json* v = r.raw(key); v && v->is_string()) {
+    std::string one;
+    r.get(key, &one);
+    *out = {one};
+    return;
+  }
+  r.get(key, out);
+}
+
+void parse_leaf_module(JsonReader& zr, ZeroLeafModuleConfig* l) {
+  JsonReader r = zr.child("leaf_module");
+  const std::pair<const char*, std::vector<std::string>*> lists[] = {
+      {"classes", &l->classes}, {"names", &l->names}, {"name_suffixes", &l->name_suffixes}};
+  for (const auto& [key, list] : lists) {
+    get_strings(r, key, list);
+    for (const auto& s : *list) {
+      if (s.empty())
+        r.fail(key, "has an empty entry, which would match every module. HINT: remove it");
+    }
+  }
+  r.finish();
+}
+
 void parse_zero(JsonReader& root, ZeroConfig* z) {
   if (const json* v = root.raw("zero_optimization"); v && v->is_boolean())
     root.fail("zero_optimization",
@@ -451,6 +476,7 @@ void parse_zero(JsonReader& root, ZeroConfig* z) {
                    "stage3_gather_16bit_weights_on_model_save");
   }
   r.get("ignore_unused_parameters", &z->ignore_unused_parameters);
+  parse_leaf_module(r, &z->leaf_module);
   parse_offload_optimizer(r, &z->offload_optimizer);
   parse_offload_param(r, &z->offload_param);
 
@@ -847,6 +873,11 @@ class Describer {
   void line(const std::string& path, const std::array<double, 2>& v) {
     line(path, "[" + format_double(v[0]) + ", " + format_double(v[1]) + "]");
   }
+  void line(const std::string& path, const std::vector<std::string>& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", \"" : "\"") + v[i] + "\"";
+    line(path, s + "]");
+  }
   void raw(const std::string& text) { os_ << text << "\n"; }
   std::string str() const { return os_.str(); }
 
@@ -981,6 +1012,9 @@ void describe_zero(Describer& d, const ZeroConfig& z) {
     d.line(p + "stage3_max_reuse_distance", z.stage3_max_reuse_distance);
     d.line(p + "stage3_gather_16bit_weights_on_model_save",
            z.stage3_gather_16bit_weights_on_model_save);
+    d.line(p + "leaf_module.classes", z.leaf_module.classes);
+    d.line(p + "leaf_module.names", z.leaf_module.names);
+    d.line(p + "leaf_module.name_suffixes", z.leaf_module.name_suffixes);
   }
   const OffloadOptimizerConfig& oo = z.offload_optimizer;
   d.str(p + "offload_optimizer.device", oo.device);

@@ -9,6 +9,7 @@
 #include "zero/presharded.h"
 #include "zero/reducer.h"
 #include "zero/stage3.h"
+#include "zero/unit_policy.h"
 
 namespace dscpp::engine {
 
@@ -68,7 +69,9 @@ void EngineImpl::build_strategy() {
     for (size_t i = 0; i < np.params.size(); ++i) {
       DSCPP_CHECK(!zero::is_presharded(np.params[i]), ConfigError, "parameter '", np.names[i],
                   "' was sharded by zero::Init, which needs ZeRO stage 3, but "
-                  "zero_optimization.stage is ", stage, ". HINT: build the model without "
+                  "zero_optimization.stage is ",
+                  stage,
+                  ". HINT: build the model without "
                   "zero::Init, or train at stage 3");
     }
   }
@@ -122,8 +125,9 @@ void EngineImpl::build_strategy() {
   }
   const auto param_options = np.params[0].options();
   if (stage == 3) {
+    zero::check_each_matches(*model_, zero_units_, zc.leaf_module);
     zero::Stage3Options s3;
-    s3.units = zero_units_;
+    s3.units = zero::with_leaf_modules(zero_units_, zc.leaf_module);
     s3.persistence_threshold = zc.stage3_param_persistence_threshold;
     s3.prefetch_bucket_size = zc.stage3_prefetch_bucket_size;
     s3.max_live_parameters = zc.stage3_max_live_parameters;

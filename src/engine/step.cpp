@@ -68,6 +68,7 @@ void EngineImpl::backward(const at::Tensor& loss) {
   DSCPP_CHECK(loss.defined() && loss.numel() == 1, Error,
               "backward() needs the scalar loss of this micro-batch, got a tensor of ",
               loss.defined() ? loss.numel() : 0, " elements");
+  strategy_->before_backward(loss);
   auto t0 = Clock::now();
   double value = loss.item<double>();
   window_loss_sum_ += std::isfinite(value) ? value : 0.0;

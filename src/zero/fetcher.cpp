@@ -24,6 +24,16 @@ void ParamFetcher::swap_out(FetchUnit& u) {
   s->set_nbytes(0);
 }
 
+void ParamFetcher::park(FetchUnit& u) {
+  swap_out(u);
+  if (!debug_nan_ || u.full.numel() == 0) return;
+  u.block = at::full({u.full.numel()}, std::numeric_limits<float>::quiet_NaN(), u.full.options());
+  pool_ += static_cast<int64_t>(u.block.nbytes());
+  c10::StorageImpl* s = storage_of(u.full);
+  s->set_data_ptr_noswap(at::DataPtr(u.block.data_ptr(), u.full.device()));
+  s->set_nbytes(u.block.nbytes());
+}
+
 void ParamFetcher::gather(FetchUnit& u) {
   DSCPP_CHECK(!u.gathered, Error, "internal: unit '", u.name, "' is gathered already");
   const int64_t n = u.full.numel();

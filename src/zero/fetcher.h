@@ -43,6 +43,8 @@ class ParamFetcher {
   ParamFetcher(comm::Communicator& comm, bool debug_nan);
   // Makes `full`'s storage empty (a new unit, or at set-up).
   static void swap_out(FetchUnit& u);
+  // A unit set up released: its storage empty, or in debug mode a NaN-filled block.
+  void park(FetchUnit& u);
   // Swaps a block in and launches the all-gather of the shards into it; returns at once.
   void gather(FetchUnit& u);
   // Waits for u's all-gather (if any). Throws CommError if it failed.

@@ -12,6 +12,7 @@
 #include "dscpp/config.h"
 #include "dscpp/error.h"
 #include "dscpp/zero.h"
+#include "util/memory.h"
 #include "zero/fetcher.h"
 #include "zero/presharded.h"
 #include "zero/unit_policy.h"
@@ -47,9 +48,11 @@ Init::Init(std::shared_ptr<comm::Communicator> comm, UnitPolicy units, const Con
     : state_(std::make_unique<State>()) {
   DSCPP_CHECK(comm, ConfigError, "zero::Init needs the job's communicator");
   DSCPP_CHECK(!current_scope, Error, "zero::Init scopes do not nest");
+  units = with_leaf_modules(std::move(units), config.zero_optimization.leaf_module);
   DSCPP_CHECK(!units.empty(), ConfigError,
-              "zero::Init without a unit policy would shard nothing. "
-              "HINT: pass the policy InitOptions::zero_units will get (e.g. {\"h.*\"})");
+              "zero::Init without a unit policy would shard nothing. HINT: pass the policy "
+              "InitOptions::zero_units will get (e.g. {\"h.*\"}), or name units in the config's "
+              "zero_optimization.leaf_module");
   state_->comm = std::move(comm);
   state_->units = std::move(units);
   state_->persistence_threshold = config.zero_optimization.stage3_param_persistence_threshold;
@@ -100,6 +103,7 @@ void built(torch::nn::Module& module, const std::string& path) {
     p.set_data(storage.full.narrow(0, off, n).view(p.sizes()));
   }
   ParamFetcher::swap_out(storage);
+  return_freed_memory();  // the unit's full parameters
   ps.params = std::move(params);
   Registry& r = registry();
   std::lock_guard<std::mutex> g(r.mu);

@@ -3,6 +3,7 @@
 #include "zero/stage3.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include "dscpp/error.h"
 #include "dscpp/safetensors.h"
 #include "util/log.h"
+#include "util/memory.h"
 #include "zero/gather.h"
 #include "zero/presharded.h"
 #include "zero/unit_functions.h"
@@ -34,12 +36,6 @@ void take_shard(int64_t offset, const at::Tensor& values, int64_t shard_begin, i
   at::Tensor piece = values.narrow(0, lo - offset, hi - lo);
   if (shard.defined()) shard.narrow(0, lo - shard_begin, hi - lo).copy_(piece);
   if (tap) tap(part_base + lo - shard_begin, piece);
-}
-
-std::string fmt_paths(const std::vector<std::string>& paths) {
-  std::string out;
-  for (const auto& p : paths) out += (out.empty() ? "\"" : ", \"") + p + "\"";
-  return out;
 }
 
 // One 52-bit hash of a sequence of unit indices (exact in a double).
@@ -170,9 +166,10 @@ Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& com
         unit.names.push_back(sharded[u].names[i]);
         unit.shapes.push_back(p.sizes().vec());
       }
-      ParamFetcher::swap_out(unit.storage);
+      fetcher_.park(unit.storage);
     }
   }
+  return_freed_memory();  // the units' fp32 originals
 
   // A module zero::Init sharded that is no unit here lost its values: refused.
   for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
@@ -258,11 +255,7 @@ void Stage3::find_units(torch::nn::Module& model, const UnitPolicy& policy) {
     units_.back().module = item.value().get();
     units_.back().storage.name = path.empty() ? "(root)" : path;
   }
-  DSCPP_CHECK(!units_.empty(), ConfigError,
-              "InitOptions::zero_units matches no module of the model (paths: ",
-              fmt_paths(policy.paths), "; types: ", fmt_paths(policy.types),
-              "). HINT: module paths are named_modules() keys such as \"h.0\" (globs like "
-              "\"h.*\"); types are Module::name(), e.g. \"*BlockImpl\"");
+  // initialize() checked that every pattern matches a module (check_each_matches).
 }
 
 void Stage3::register_units() {
@@ -467,6 +460,45 @@ void Stage3::on_group_complete(int group) {
 }
 
 // ----- around the step ------------------------------------------------------------------------
+
+void Stage3::before_backward(const at::Tensor& loss) {
+  raise_deferred();
+  if (s3_.debug && !whole_model_unit_) check_used_inside_units(loss);
+}
+
+void Stage3::check_used_inside_units(const at::Tensor& loss) const {
+  // For each unit, walk the loss's graph without entering that unit's own calls (the backward
+  // of its UnitOutputs or of its checkpoint): reaching one of its parameters means forward used
+  // it outside zero::call, where its storage was released (NaN-filled in debug mode).
+  const auto& root = loss.grad_fn();
+  if (!root) return;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    std::unordered_map<const torch::autograd::Node*, int> param_of;
+    for (size_t i = 0; i < units_[u].params.size(); ++i) {
+      auto acc = torch::autograd::impl::try_get_grad_accumulator(units_[u].params[i]);
+      if (acc) param_of.emplace(acc.get(), static_cast<int>(i));
+    }
+    if (param_of.empty()) continue;
+    std::unordered_set<const torch::autograd::Node*> seen{root.get()};
+    std::vector<torch::autograd::Node*> todo{root.get()};
+    while (!todo.empty()) {
+      torch::autograd::Node* node = todo.back();
+      todo.pop_back();
+      if (inside_unit(node, registry_id_, static_cast<int>(u))) continue;
+      for (const auto& edge : node->next_edges()) {
+        torch::autograd::Node* next = edge.function.get();
+        if (!next || !seen.insert(next).second) continue;
+        auto it = param_of.find(next);
+        DSCPP_CHECK(it == param_of.end(), Error, "parameter '", units_[u].names[it->second],
+                    "' of stage-3 unit '", unit_name(static_cast<int>(u)),
+                    "' is used outside "
+                    "zero::call of its unit, where its storage is released (debug mode fills it "
+                    "with NaN). HINT: run every use of the parameter inside the unit's call");
+        todo.push_back(next);
+      }
+    }
+  }
+}
 
 void Stage3::after_backward() {
   raise_deferred();

@@ -83,6 +83,7 @@ class Stage3 final : public Strategy {
   bool reduces_every_backward() const override { return true; }
   void reduce_accumulated() override;
   std::vector<Part> parts() override;
+  void before_backward(const at::Tensor& loss) override;
   void after_backward() override;
   void before_update() override;
   void publish_params() override;
@@ -145,6 +146,9 @@ class Stage3 final : public Strategy {
   void check_request_across_ranks(int u);
   // Throws naming the parameter when one of u's was replaced or reshaped after sharding.
   void check_unchanged(int u) const;
+  // Debug mode: throws naming the parameter when the loss's graph uses a unit's parameter
+  // outside that unit's zero::call (where it was released).
+  void check_used_inside_units(const at::Tensor& loss) const;
   // Throws the error a destructor could not (a scope closed out of order), once.
   void raise_deferred();
   // Replaces the tensors that require grad by Fn's outputs (UnitInputs / UnitOutputs) over them;

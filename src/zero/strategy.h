@@ -73,6 +73,8 @@ class Strategy {
   // otherwise an empty tensor.
   virtual at::Tensor side_channel() const { return at::Tensor(); }
 
+  // At the start of backward(loss), before anything is counted or communicated.
+  virtual void before_backward(const at::Tensor& /*loss*/) {}
   // After every backward (reduced or not), once finish_backward returned.
   virtual void after_backward() {}
   // At the boundary, before the optimizer runs on parts().

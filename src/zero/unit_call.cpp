@@ -187,6 +187,23 @@ torch::autograd::variable_list CheckpointFn::backward(torch::autograd::AutogradC
   return in_grads;
 }
 
+namespace {
+
+template <typename Fn>
+bool is_call_of(torch::autograd::Node* node, int64_t owner, int unit) {
+  auto* cn = dynamic_cast<torch::autograd::CppNode<Fn>*>(node);
+  if (!cn) return false;
+  const auto& d = cn->ctx_.saved_data;
+  auto o = d.find("owner"), u = d.find("unit");
+  return o != d.end() && u != d.end() && o->second.toInt() == owner && u->second.toInt() == unit;
+}
+
+}  // namespace
+
+bool inside_unit(torch::autograd::Node* node, int64_t owner, int unit) {
+  return is_call_of<UnitOutputs>(node, owner, unit) || is_call_of<CheckpointFn>(node, owner, unit);
+}
+
 std::vector<at::Tensor> parameters_behind(torch::autograd::Node* node) {
   auto* cn = dynamic_cast<torch::autograd::CppNode<CheckpointFn>*>(node);
   if (!cn) return {};

@@ -66,6 +66,10 @@ struct CheckpointFn : public torch::autograd::Function<CheckpointFn> {
                                                  torch::autograd::variable_list grads);
 };
 
+// Whether `node` is the backward of a call of stage-3 unit `unit` of engine `owner` (its
+// UnitOutputs, or its checkpoint).
+bool inside_unit(torch::autograd::Node* node, int64_t owner, int unit);
+
 // For the reducers' walk of the loss's graph: the trainable parameters that `node` reaches
 // through a backward of its own (a CheckpointFn's module's), or none.
 std::vector<at::Tensor> parameters_behind(torch::autograd::Node* node);

@@ -1,6 +1,10 @@
 // Implements unit-policy matching (unit_policy.h).
 #include "zero/unit_policy.h"
 
+#include <torch/nn/module.h>
+
+#include "dscpp/error.h"
+
 namespace dscpp::zero {
 
 bool glob_match(const char* pattern, const char* text) {
@@ -24,6 +28,60 @@ bool matches(const UnitPolicy& policy, const std::string& path, const std::strin
     if (glob_match(g.c_str(), type.c_str())) return true;
   }
   return false;
+}
+
+UnitPolicy with_leaf_modules(UnitPolicy given, const ZeroLeafModuleConfig& leaf) {
+  for (const auto& n : leaf.names) given.paths.push_back(n);
+  for (const auto& s : leaf.name_suffixes) given.paths.push_back("*" + s);
+  for (const auto& c : leaf.classes) {
+    given.types.push_back(c);
+    given.types.push_back("*::" + c);
+  }
+  return given;
+}
+
+void check_each_matches(torch::nn::Module& model, const UnitPolicy& given,
+                        const ZeroLeafModuleConfig& leaf) {
+  std::vector<std::pair<std::string, std::string>> modules;  // path, type name
+  for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/true))
+    modules.emplace_back(item.key(), item.value()->name());
+  auto any = [&](auto&& pred) {
+    for (const auto& [path, type] : modules) {
+      if (pred(path, type)) return true;
+    }
+    return false;
+  };
+  std::string missing;
+  auto note = [&](const std::string& where, const std::string& entry) {
+    missing += (missing.empty() ? "" : "; ") + where + " \"" + entry + "\"";
+  };
+  for (const auto& g : given.paths) {
+    if (!any([&](const auto& p, const auto&) { return glob_match(g.c_str(), p.c_str()); }))
+      note("InitOptions::zero_units path", g);
+  }
+  for (const auto& g : given.types) {
+    if (!any([&](const auto&, const auto& t) { return glob_match(g.c_str(), t.c_str()); }))
+      note("InitOptions::zero_units type", g);
+  }
+  for (const auto& n : leaf.names) {
+    if (!any([&](const auto& p, const auto&) { return p == n; }))
+      note("zero_optimization.leaf_module.names", n);
+  }
+  for (const auto& s : leaf.name_suffixes) {
+    if (!any([&](const auto& p, const auto&) {
+          return p.size() >= s.size() && p.compare(p.size() - s.size(), s.size(), s) == 0;
+        }))
+      note("zero_optimization.leaf_module.name_suffixes", s);
+  }
+  for (const auto& c : leaf.classes) {
+    const UnitPolicy as_types = with_leaf_modules({}, ZeroLeafModuleConfig{{c}, {}, {}});
+    if (!any([&](const auto&, const auto& t) { return matches(as_types, "", t); }))
+      note("zero_optimization.leaf_module.classes", c);
+  }
+  DSCPP_CHECK(missing.empty(), ConfigError, "ZeRO stage 3 units named but matching no module of ",
+              "the model: ", missing, ". HINT: module paths are named_modules() keys such as ",
+              "\"h.0\" (InitOptions takes globs like \"h.*\"); types are Module::name(), e.g. ",
+              "\"dscpp::models::BlockImpl\" (\"BlockImpl\" in leaf_module.classes)");
 }
 
 }  // namespace dscpp::zero

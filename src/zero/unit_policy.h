@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "dscpp/config.h"
 #include "dscpp/zero.h"
 
 namespace dscpp::zero {
@@ -11,5 +12,15 @@ namespace dscpp::zero {
 bool glob_match(const char* pattern, const char* text);
 // Whether the module at `path` (named_modules() key) with type name `type` is a unit.
 bool matches(const UnitPolicy& policy, const std::string& path, const std::string& type);
+
+// `given` (InitOptions::zero_units, zero::Init's policy) with the config's
+// zero_optimization.leaf_module entries added: names as exact paths, name_suffixes as "*suffix",
+// classes as the whole type name or the part after its last "::".
+UnitPolicy with_leaf_modules(UnitPolicy given, const ZeroLeafModuleConfig& leaf);
+
+// Throws ConfigError naming every pattern of `given` and every leaf_module entry that matches no
+// module of `model`: a unit named but never found is a typo, not a choice.
+void check_each_matches(torch::nn::Module& model, const UnitPolicy& given,
+                        const ZeroLeafModuleConfig& leaf);
 
 }  // namespace dscpp::zero

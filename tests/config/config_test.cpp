@@ -1,7 +1,6 @@
 // Tests of the DeepSpeed config layer: DeepSpeed's own batch-triangle cases, strictness
 // (unknown keys with suggestions, types, ranges, "auto", unimplemented keys), every section's
 // defaults, parsing from files and strings, and describe().
-#include "support/errors.h"
 #include "dscpp/config.h"
 
 #include <gtest/gtest.h>
@@ -14,6 +13,7 @@
 #include <string>
 
 #include "dscpp/error.h"
+#include "support/errors.h"
 #include "util/strings.h"
 
 namespace dscpp {
@@ -735,6 +735,29 @@ TEST(ConfigZero, FullStage3WithNvmeOffload) {
             std::string::npos)
       << d;
   EXPECT_NE(d.find("aio.block_size = 1048576"), std::string::npos) << d;
+}
+
+TEST(ConfigZero, LeafModulesTakeAStringOrAList) {
+  Config c = Config::parse(R"({"zero_optimization": {"stage": 3, "leaf_module": {
+      "classes": "BlockImpl", "names": ["wte", "h.0"], "name_suffixes": ["attn"]}}})");
+  const ZeroLeafModuleConfig& l = c.zero_optimization.leaf_module;
+  EXPECT_EQ(l.classes, std::vector<std::string>{"BlockImpl"});
+  EXPECT_EQ(l.names, (std::vector<std::string>{"wte", "h.0"}));
+  EXPECT_EQ(l.name_suffixes, std::vector<std::string>{"attn"});
+  EXPECT_NE(c.describe().find("zero_optimization.leaf_module.names = [\"wte\", \"h.0\"]"),
+            std::string::npos)
+      << c.describe();
+  EXPECT_TRUE(Config::parse(R"({"zero_optimization": {"stage": 3}})")
+                  .zero_optimization.leaf_module.empty());
+  EXPECT_EQ(parse_error(R"({"zero_optimization": {"leaf_module": {"names": ["h.0", ""]}}})"),
+            "zero_optimization.leaf_module.names: has an empty entry, which would match every "
+            "module. HINT: remove it");
+  EXPECT_NE(parse_error(R"({"zero_optimization": {"leaf_module": {"name": ["h.0"]}}})")
+                .find("unknown key 'name' at zero_optimization.leaf_module; did you mean 'names'?"),
+            std::string::npos);
+  EXPECT_NE(parse_error(R"({"zero_optimization": {"leaf_module": {"classes": [3]}}})")
+                .find("expected an array of strings"),
+            std::string::npos);
 }
 
 TEST(ConfigZero, PydanticAliasesAndDeprecatedNames) {

@@ -203,6 +203,14 @@ TEST(EngineZero3, MatchesStage0UnderEveryUnitSetting) {
              "\"overlap_comm\": false, \"contiguous_gradients\": false"),
        kEverything, false},
       {zero3(", \"stage3_param_persistence_threshold\": 0"), kEverything, true},
+      // Units from the config (leaf_module), alone and added to the program's.
+      {zero3(", \"stage3_param_persistence_threshold\": 0, \"leaf_module\": {\"classes\": "
+             "\"LinearImpl\"}"),
+       {},
+       false},
+      {zero3(", \"stage3_param_persistence_threshold\": 0, \"leaf_module\": {\"names\": "
+             "[\"in\", \"head\"], \"name_suffixes\": \"tied\"}"),
+       kBlocks, false},
       {zero3(", \"stage3_param_persistence_threshold\": 0, \"stage3_max_reuse_distance\": 0"),
        kBlocks, true},
   };
@@ -334,10 +342,14 @@ TEST(EngineZero3, MisuseIsAClearError) {
   auto errors = run_thread_ranks(2, [&](Communicator& c) {
     MisuseNet net;
     InitOptions opts = borrowed(c);
-    opts.zero_units = zero::UnitPolicy{{"outer", "other"}};
-    auto engine = initialize(
-        net.ptr(), config_json(4, 2, kAdamW + zero3(", \"stage3_param_persistence_threshold\": 0")),
-        opts);
+    // One unit named in the program, one in the config (DeepSpeed's leaf_module).
+    opts.zero_units = zero::UnitPolicy{{"other"}};
+    auto engine =
+        initialize(net.ptr(),
+                   config_json(4, 2,
+                               kAdamW + zero3(", \"stage3_param_persistence_threshold\": 0, "
+                                              "\"leaf_module\": {\"names\": \"outer\"}")),
+                   opts);
     at::Tensor x = at::ones({2, 4});
     auto inner = net->outer->ptr(0);
     std::string msg = testing::error_of<Error>([&] {
@@ -414,6 +426,56 @@ TEST(EngineZero3, MisuseIsAClearError) {
                  o2);
     });
     EXPECT_NE(msg.find("also belongs to unit 'a'"), std::string::npos) << msg;
+    // Units named but found nowhere: every one is listed, wherever it was named.
+    o2.zero_units = zero::UnitPolicy{{"a", "c*"}, {"*Nothing"}};
+    msg = testing::error_of<ConfigError>([&] {
+      initialize(shared,
+                 config_json(4, 2,
+                             kAdamW + zero3(", \"leaf_module\": {\"names\": [\"b\", \"a.w\"], "
+                                            "\"name_suffixes\": \"x\", \"classes\": \"Module\"}")),
+                 o2);
+    });
+    EXPECT_NE(msg.find("matching no module of the model: InitOptions::zero_units path \"c*\"; "
+                       "InitOptions::zero_units type \"*Nothing\"; "
+                       "zero_optimization.leaf_module.names \"a.w\"; "
+                       "zero_optimization.leaf_module.name_suffixes \"x\". HINT"),
+              std::string::npos)
+        << msg;
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+}
+
+// A stage-3 engine over `net` (micro-batch 2, 2 ranks) with every parameter in a unit and
+// sharded; `extra` adds top-level config keys.
+std::shared_ptr<Engine> sharded_stack_engine(Communicator& c, StackNet& net,
+                                             const std::string& extra = "") {
+  InitOptions opts = borrowed(c);
+  opts.zero_units = kEverything;
+  return initialize(
+      net.ptr(),
+      config_json(4, 2, kAdamW + extra + zero3(", \"stage3_param_persistence_threshold\": 0")),
+      opts);
+}
+
+// Debug mode (comms_logger.debug, or DSCPP_DEBUG_SYNC=1): a released unit holds NaN instead of
+// freed memory, and a parameter used outside its unit's call is an error naming it before
+// backward runs.
+TEST(EngineZero3, DebugModeNamesAParameterUsedOutsideItsUnit) {
+  auto errors = run_thread_ranks(2, [&](Communicator& c) {
+    StackNet net = make_stack_net(1);
+    auto engine = sharded_stack_engine(c, net, ", \"comms_logger\": {\"debug\": true}");
+    auto X = dataset_x().narrow(0, 2 * c.rank(), 2), Y = dataset_y().narrow(0, 2 * c.rank(), 2);
+    at::Tensor released = net->head->weight;
+    EXPECT_TRUE(at::isnan(released).all().item<bool>()) << "a released unit should hold NaN";
+    at::Tensor out = net->forward(X);
+    at::Tensor loss = at::mse_loss(out, Y) + released.sum() * 0;  // used outside zero::call
+    std::string msg = testing::error_of<Error>([&] { engine->backward(loss); });
+    EXPECT_NE(msg.find("parameter 'head.weight' of stage-3 unit 'head' is used outside"),
+              std::string::npos)
+        << msg;
+    // Used inside, all is well.
+    engine->backward(at::mse_loss(net->forward(X), Y));
+    engine->step();
   });
   for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
 }
@@ -424,11 +486,7 @@ TEST(EngineZero3, MisuseIsAClearError) {
 TEST(EngineZero3, DifferentUnitOrdersOnDifferentRanksAreAnError) {
   auto errors = run_thread_ranks(2, [&](Communicator& c) {
     StackNet net = make_stack_net(1);
-    InitOptions opts = borrowed(c);
-    opts.zero_units = kEverything;
-    auto engine = initialize(
-        net.ptr(), config_json(4, 2, kAdamW + zero3(", \"stage3_param_persistence_threshold\": 0")),
-        opts);
+    auto engine = sharded_stack_engine(c, net);
     auto X = dataset_x().narrow(0, 2 * c.rank(), 2), Y = dataset_y().narrow(0, 2 * c.rank(), 2);
     // Rank 1 runs its blocks in reverse: same sizes, different units; the first pass checks every
     // request, so the forward stops at the first block.
