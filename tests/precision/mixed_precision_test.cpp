@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
 #include <torch/nn/module.h>
 
@@ -93,6 +94,13 @@ const std::string kFp16Opt = ", \"optimizer\": {\"type\": \"Adam\", \"params\": 
                              "\"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_min_lr\": 0.001, "
                              "\"warmup_max_lr\": 0.01, \"warmup_num_steps\": 10, \"warmup_type\": \"linear\"}}";
 
+// The zero_optimization section for `stage`; at stage 3 every parameter is sharded (ElemNet's are
+// far below the default persistence threshold).
+std::string zero_stage(int stage) {
+  return ", \"zero_optimization\": {\"stage\": " + std::to_string(stage) +
+         (stage == 3 ? ", \"stage3_param_persistence_threshold\": 0}" : "}");
+}
+
 // Overflows injected on one rank skip the step on every rank, spend the hysteresis, then halve
 // the scale; the LR schedule does not tick on a skipped step; the replicas stay identical; for
 // every stage.
@@ -106,10 +114,9 @@ TEST(EngineMixedPrecision, Fp16DynamicLossScaleFollowsDeepSpeedAcrossRanks) {
     clean[c.rank()] = train_elem(c, config_json(4, 2, kFp16Opt + fp16), std::vector<int>(8, -1));
   });
   for (auto& e : clean_errors) ASSERT_FALSE(e) << error_text(e);
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     std::vector<Fp16Run> runs(2);
-    std::string cfg = config_json(4, 2, kFp16Opt + fp16 + ", \"zero_optimization\": {\"stage\": " +
-                                            std::to_string(stage) + "}");
+    std::string cfg = config_json(4, 2, kFp16Opt + fp16 + zero_stage(stage));
     auto errors = run_thread_ranks(2, [&](Communicator& c) { runs[c.rank()] = train_elem(c, cfg, overflow); });
     for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
     const auto& r = runs[0];
@@ -156,17 +163,21 @@ TEST(EngineMixedPrecision, Fp16FollowsFp32) {
   for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
   ElemNet init;
   const at::Tensor fp32_init = at::cat({init->w.detach(), init->b.detach(), init->v.detach().reshape({-1})});
-  for (int stage : {0, 2}) {
+  std::map<int, at::Tensor> trained;
+  for (int stage : {0, 2, 3}) {
     std::vector<Fp16Run> half(2);
-    std::string cfg = config_json(4, 2, kFp16Opt + ", \"fp16\": {\"enabled\": true, \"initial_scale_power\": 10}, \"zero_optimization\": "
-                                            "{\"stage\": " + std::to_string(stage) + "}");
+    std::string cfg = config_json(4, 2, kFp16Opt + ", \"fp16\": {\"enabled\": true, \"initial_scale_power\": 10}" +
+                                            zero_stage(stage));
     errors = run_thread_ranks(2, [&](Communicator& c) { half[c.rank()] = train_elem(c, cfg, none); });
     for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
     EXPECT_EQ(half[0].skipped_steps, 0);
     double err = (half[0].params - fp32[0].params).abs().max().item<double>();
     EXPECT_LT(err, 5e-3) << "stage " << stage;
     EXPECT_GT((half[0].params - fp32_init).abs().max().item<double>(), 1e-3) << "fp16 did not train";
+    trained[stage] = half[0].params;
   }
+  // Stage 3 (the whole model one unit, every parameter sharded) against stage 2.
+  EXPECT_LT((trained[3] - trained[2]).abs().max().item<double>(), 5e-3);
 }
 
 }  // namespace
