@@ -1,0 +1,235 @@
+// Implements the checkpoint manifest (manifest.h).
+#include "checkpoint/manifest.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <set>
+
+#include "dscpp/error.h"
+
+namespace dscpp::checkpoint {
+namespace {
+
+constexpr const char* kFormatName = "dscpp-checkpoint";
+
+std::string hex32(uint32_t v) {
+  char buf[9];
+  std::snprintf(buf, sizeof buf, "%08x", v);
+  return buf;
+}
+
+// Reads manifest fields with errors that name the file and the field.
+class Fields {
+ public:
+  explicit Fields(const std::string& source) : source_(source) {}
+
+  [[noreturn]] void fail(const std::string& where, const std::string& what) const {
+    DSCPP_FAIL(CheckpointError, "checkpoint manifest ", source_, ": ", where, ": ", what);
+  }
+  const nlohmann::json& at(const nlohmann::json& obj, const std::string& key,
+                           const std::string& where) const {
+    if (!obj.is_object() || !obj.contains(key)) fail(where, "missing \"" + key + "\"");
+    return obj.at(key);
+  }
+  template <typename T>
+  T get(const nlohmann::json& obj, const std::string& key, const std::string& where) const {
+    const nlohmann::json& v = at(obj, key, where);
+    try {
+      return v.get<T>();
+    } catch (const nlohmann::json::exception&) {
+      fail(where + "." + key, "has the wrong type (" + std::string(v.type_name()) + ")");
+    }
+  }
+  nlohmann::json object(const nlohmann::json& obj, const std::string& key) const {
+    if (!obj.contains(key)) return nlohmann::json::object();
+    if (!obj.at(key).is_object()) fail(key, "must be an object");
+    return obj.at(key);
+  }
+
+ private:
+  std::string source_;
+};
+
+}  // namespace
+
+int64_t ParamEntry::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string rank_file_name(int rank, int world_size) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "rank%05d-of-%05d.safetensors", rank, world_size);
+  return buf;
+}
+
+std::string slice_tensor_name(const std::string& group, const std::string& state) {
+  return group + "/" + state;
+}
+
+std::string Manifest::to_json() const {
+  nlohmann::json j;
+  j["format"] = kFormatName;
+  j["version"] = kFormatVersion;
+  j["tag"] = tag;
+  j["saved_with"] = {
+      {"world_size", world_size}, {"stage", stage}, {"dtype", dtype}, {"optimizer", optimizer}};
+  nlohmann::json gs = nlohmann::json::array();
+  for (const auto& g : groups) {
+    nlohmann::json ps = nlohmann::json::array();
+    for (const auto& p : g.parameters)
+      ps.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}});
+    gs.push_back({{"name", g.name}, {"numel", g.numel}, {"padded", g.padded}, {"parameters", ps}});
+  }
+  j["groups"] = gs;
+  j["states"] = states;
+  nlohmann::json fs = nlohmann::json::array();
+  for (const auto& f : files) {
+    fs.push_back(
+        {{"path", f.path}, {"rank", f.rank}, {"bytes", f.bytes}, {"crc32c", hex32(f.crc32c)}});
+  }
+  j["files"] = fs;
+  j["counters"] = counters;
+  j["lr_scheduler"] = lr_scheduler;
+  j["loss_scaler"] = loss_scaler;
+  j["rng"] = rng;
+  j["data"] = data;
+  j["client_state"] = client_state;
+  j["config"] = config;
+  return j.dump(1) + "\n";
+}
+
+Manifest Manifest::parse(const std::string& text, const std::string& source) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    DSCPP_FAIL(CheckpointError, "checkpoint manifest ", source, " is not valid JSON (", e.what(),
+               "): the file is torn or not a manifest");
+  }
+  Fields f(source);
+  if (!j.is_object()) f.fail("(top level)", "must be a JSON object");
+  if (f.get<std::string>(j, "format", "(top level)") != kFormatName)
+    f.fail("format", std::string("is not \"") + kFormatName + "\"");
+  const int version = f.get<int>(j, "version", "(top level)");
+  if (version > kFormatVersion || version < 1) {
+    f.fail("version", "is " + std::to_string(version) + ", but this dscpp reads versions 1.." +
+                          std::to_string(kFormatVersion) +
+                          ". HINT: load it with the dscpp that wrote it, or a newer one");
+  }
+
+  Manifest m;
+  m.tag = f.get<std::string>(j, "tag", "(top level)");
+  const nlohmann::json& sw = f.at(j, "saved_with", "(top level)");
+  m.world_size = f.get<int>(sw, "world_size", "saved_with");
+  m.stage = f.get<int>(sw, "stage", "saved_with");
+  m.dtype = f.get<std::string>(sw, "dtype", "saved_with");
+  m.optimizer = f.get<std::string>(sw, "optimizer", "saved_with");
+  if (m.world_size < 1) f.fail("saved_with.world_size", "must be at least 1");
+  if (m.stage < 0 || m.stage > 3) f.fail("saved_with.stage", "must be 0..3");
+
+  std::set<std::string> names;
+  const nlohmann::json& gs = f.at(j, "groups", "(top level)");
+  if (!gs.is_array()) f.fail("groups", "must be an array");
+  for (size_t gi = 0; gi < gs.size(); ++gi) {
+    const std::string where = "groups[" + std::to_string(gi) + "]";
+    Group g;
+    g.name = f.get<std::string>(gs[gi], "name", where);
+    g.numel = f.get<int64_t>(gs[gi], "numel", where);
+    g.padded = f.get<int64_t>(gs[gi], "padded", where);
+    if (g.padded < g.numel || g.padded % m.world_size != 0) {
+      f.fail(where, "padded " + std::to_string(g.padded) + " is not numel " +
+                        std::to_string(g.numel) + " rounded up to a multiple of world size " +
+                        std::to_string(m.world_size));
+    }
+    const nlohmann::json& ps = f.at(gs[gi], "parameters", where);
+    if (!ps.is_array()) f.fail(where + ".parameters", "must be an array");
+    int64_t next = 0;  // parameters tile [0, numel) in order
+    for (size_t pi = 0; pi < ps.size(); ++pi) {
+      const std::string pw = where + ".parameters[" + std::to_string(pi) + "]";
+      ParamEntry p;
+      p.name = f.get<std::string>(ps[pi], "name", pw);
+      p.shape = f.get<std::vector<int64_t>>(ps[pi], "shape", pw);
+      p.offset = f.get<int64_t>(ps[pi], "offset", pw);
+      for (int64_t d : p.shape) {
+        if (d < 0) f.fail(pw, "'" + p.name + "' has a negative dimension");
+      }
+      if (p.offset != next) {
+        f.fail(pw, "'" + p.name + "' starts at " + std::to_string(p.offset) + ", expected " +
+                       std::to_string(next) + " (parameters tile the group in order)");
+      }
+      if (!names.insert(p.name).second) f.fail(pw, "'" + p.name + "' appears twice");
+      next += p.numel();
+      g.parameters.push_back(std::move(p));
+    }
+    if (next != g.numel) {
+      f.fail(where, "its parameters hold " + std::to_string(next) + " elements, numel says " +
+                        std::to_string(g.numel));
+    }
+    m.groups.push_back(std::move(g));
+  }
+
+  m.states = f.get<std::vector<std::string>>(j, "states", "(top level)");
+  const nlohmann::json& fs = f.at(j, "files", "(top level)");
+  if (!fs.is_array() || fs.size() != static_cast<size_t>(m.world_size)) {
+    f.fail("files", "must list one file per rank (" + std::to_string(m.world_size) + ")");
+  }
+  for (size_t i = 0; i < fs.size(); ++i) {
+    const std::string where = "files[" + std::to_string(i) + "]";
+    FileEntry e;
+    e.path = f.get<std::string>(fs[i], "path", where);
+    e.rank = f.get<int>(fs[i], "rank", where);
+    e.bytes = f.get<uint64_t>(fs[i], "bytes", where);
+    const std::string crc = f.get<std::string>(fs[i], "crc32c", where);
+    if (e.rank != static_cast<int>(i) || e.path != rank_file_name(e.rank, m.world_size)) {
+      f.fail(where, "expected rank " + std::to_string(i) + "'s file " +
+                        rank_file_name(static_cast<int>(i), m.world_size) + ", got rank " +
+                        std::to_string(e.rank) + " '" + e.path + "'");
+    }
+    if (crc.size() != 8 || crc.find_first_not_of("0123456789abcdef") != std::string::npos)
+      f.fail(where + ".crc32c", "must be 8 lowercase hex digits, got \"" + crc + "\"");
+    e.crc32c = static_cast<uint32_t>(std::stoul(crc, nullptr, 16));
+    m.files.push_back(std::move(e));
+  }
+  m.counters = f.object(j, "counters");
+  m.lr_scheduler = f.object(j, "lr_scheduler");
+  m.loss_scaler = f.object(j, "loss_scaler");
+  m.rng = f.object(j, "rng");
+  m.data = f.object(j, "data");
+  m.client_state = f.object(j, "client_state");
+  m.config = f.object(j, "config");
+  return m;
+}
+
+std::pair<int, int> Manifest::find(const std::string& name) const {
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto& ps = groups[g].parameters;
+    for (size_t p = 0; p < ps.size(); ++p) {
+      if (ps[p].name == name) return {static_cast<int>(g), static_cast<int>(p)};
+    }
+  }
+  return {-1, -1};
+}
+
+std::vector<SliceRead> reads_for(const Manifest& m, const std::string& name, int64_t begin,
+                                 int64_t end) {
+  auto [g, p] = m.find(name);
+  DSCPP_CHECK(g >= 0, CheckpointError, "checkpoint '", m.tag, "' has no parameter '", name, "'");
+  const Group& group = m.groups[g];
+  const ParamEntry& param = group.parameters[p];
+  DSCPP_CHECK(0 <= begin && begin <= end && end <= param.numel(), CheckpointError, "elements [",
+              begin, ", ", end, ") lie outside parameter '", name, "' (", param.numel(),
+              " elements)");
+  std::vector<SliceRead> reads;
+  const int64_t shard = m.shard(group);
+  for (int64_t i = param.offset + begin; i < param.offset + end;) {
+    const int64_t rank = i / shard, position = i % shard;
+    const int64_t n = std::min(shard - position, param.offset + end - i);
+    reads.push_back(SliceRead{static_cast<int>(rank), position, i - param.offset - begin, n});
+    i += n;
+  }
+  return reads;
+}
+
+}  // namespace dscpp::checkpoint
