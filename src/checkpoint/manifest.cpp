@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <set>
 
 #include "dscpp/error.h"
@@ -39,6 +40,24 @@ class Fields {
     } catch (const nlohmann::json::exception&) {
       fail(where + "." + key, "has the wrong type (" + std::string(v.type_name()) + ")");
     }
+  }
+  // An integer in [lo, hi]: a float, a boolean or an out-of-range value is an error (nlohmann
+  // would truncate or wrap them silently).
+  int64_t integer(const nlohmann::json& v, const std::string& where, int64_t lo, int64_t hi) const {
+    if (!v.is_number_integer() ||
+        (v.is_number_unsigned() &&
+         v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())))
+      fail(where, "must be an integer, got " + v.dump());
+    const auto x = v.get<int64_t>();
+    if (x < lo || x > hi) {
+      fail(where, "is " + std::to_string(x) + ", outside [" + std::to_string(lo) + ", " +
+                      std::to_string(hi) + "]");
+    }
+    return x;
+  }
+  int64_t integer(const nlohmann::json& obj, const std::string& key, const std::string& where,
+                  int64_t lo = 0, int64_t hi = std::numeric_limits<int64_t>::max()) const {
+    return integer(at(obj, key, where), where + "." + key, lo, hi);
   }
   nlohmann::json object(const nlohmann::json& obj, const std::string& key) const {
     if (!obj.contains(key)) return nlohmann::json::object();
@@ -112,7 +131,8 @@ Manifest Manifest::parse(const std::string& text, const std::string& source) {
   if (!j.is_object()) f.fail("(top level)", "must be a JSON object");
   if (f.get<std::string>(j, "format", "(top level)") != kFormatName)
     f.fail("format", std::string("is not \"") + kFormatName + "\"");
-  const int version = f.get<int>(j, "version", "(top level)");
+  const int64_t version =
+      f.integer(j, "version", "(top level)", std::numeric_limits<int64_t>::min());
   if (version > kFormatVersion || version < 1) {
     f.fail("version", "is " + std::to_string(version) + ", but this dscpp reads versions 1.." +
                           std::to_string(kFormatVersion) +
@@ -122,23 +142,23 @@ Manifest Manifest::parse(const std::string& text, const std::string& source) {
   Manifest m;
   m.tag = f.get<std::string>(j, "tag", "(top level)");
   const nlohmann::json& sw = f.at(j, "saved_with", "(top level)");
-  m.world_size = f.get<int>(sw, "world_size", "saved_with");
-  m.stage = f.get<int>(sw, "stage", "saved_with");
+  m.world_size = static_cast<int>(f.integer(sw, "world_size", "saved_with", 1, 1 << 20));
+  m.stage = static_cast<int>(f.integer(sw, "stage", "saved_with", 0, 3));
   m.dtype = f.get<std::string>(sw, "dtype", "saved_with");
   m.optimizer = f.get<std::string>(sw, "optimizer", "saved_with");
-  if (m.world_size < 1) f.fail("saved_with.world_size", "must be at least 1");
-  if (m.stage < 0 || m.stage > 3) f.fail("saved_with.stage", "must be 0..3");
 
-  std::set<std::string> names;
+  std::set<std::string> names, group_names;
   const nlohmann::json& gs = f.at(j, "groups", "(top level)");
   if (!gs.is_array()) f.fail("groups", "must be an array");
   for (size_t gi = 0; gi < gs.size(); ++gi) {
     const std::string where = "groups[" + std::to_string(gi) + "]";
     Group g;
     g.name = f.get<std::string>(gs[gi], "name", where);
-    g.numel = f.get<int64_t>(gs[gi], "numel", where);
-    g.padded = f.get<int64_t>(gs[gi], "padded", where);
-    if (g.padded < g.numel || g.padded % m.world_size != 0) {
+    if (g.name.empty() || !group_names.insert(g.name).second)
+      f.fail(where, "group name '" + g.name + "' is empty or appears twice");
+    g.numel = f.integer(gs[gi], "numel", where);
+    g.padded = f.integer(gs[gi], "padded", where);
+    if (g.padded != (g.numel + m.world_size - 1) / m.world_size * m.world_size) {
       f.fail(where, "padded " + std::to_string(g.padded) + " is not numel " +
                         std::to_string(g.numel) + " rounded up to a multiple of world size " +
                         std::to_string(m.world_size));
@@ -150,17 +170,23 @@ Manifest Manifest::parse(const std::string& text, const std::string& source) {
       const std::string pw = where + ".parameters[" + std::to_string(pi) + "]";
       ParamEntry p;
       p.name = f.get<std::string>(ps[pi], "name", pw);
-      p.shape = f.get<std::vector<int64_t>>(ps[pi], "shape", pw);
-      p.offset = f.get<int64_t>(ps[pi], "offset", pw);
-      for (int64_t d : p.shape) {
-        if (d < 0) f.fail(pw, "'" + p.name + "' has a negative dimension");
+      const nlohmann::json& shape = f.at(ps[pi], "shape", pw);
+      if (!shape.is_array()) f.fail(pw + ".shape", "must be an array");
+      int64_t numel = 1;
+      for (size_t d = 0; d < shape.size(); ++d) {
+        p.shape.push_back(f.integer(shape[d], pw + ".shape[" + std::to_string(d) + "]", 0,
+                                    std::numeric_limits<int64_t>::max()));
+        if (__builtin_mul_overflow(numel, p.shape.back(), &numel))
+          f.fail(pw, "'" + p.name + "' has more than 2^63 elements");
       }
+      p.offset = f.integer(ps[pi], "offset", pw);
       if (p.offset != next) {
         f.fail(pw, "'" + p.name + "' starts at " + std::to_string(p.offset) + ", expected " +
                        std::to_string(next) + " (parameters tile the group in order)");
       }
       if (!names.insert(p.name).second) f.fail(pw, "'" + p.name + "' appears twice");
-      next += p.numel();
+      if (__builtin_add_overflow(next, numel, &next))
+        f.fail(pw, "the group holds more than 2^63 elements");
       g.parameters.push_back(std::move(p));
     }
     if (next != g.numel) {
@@ -171,6 +197,11 @@ Manifest Manifest::parse(const std::string& text, const std::string& source) {
   }
 
   m.states = f.get<std::vector<std::string>>(j, "states", "(top level)");
+  std::set<std::string> state_names;
+  for (const auto& st : m.states) {
+    if (st.empty() || !state_names.insert(st).second)
+      f.fail("states", "state name '" + st + "' is empty or appears twice");
+  }
   const nlohmann::json& fs = f.at(j, "files", "(top level)");
   if (!fs.is_array() || fs.size() != static_cast<size_t>(m.world_size)) {
     f.fail("files", "must list one file per rank (" + std::to_string(m.world_size) + ")");
@@ -179,8 +210,8 @@ Manifest Manifest::parse(const std::string& text, const std::string& source) {
     const std::string where = "files[" + std::to_string(i) + "]";
     FileEntry e;
     e.path = f.get<std::string>(fs[i], "path", where);
-    e.rank = f.get<int>(fs[i], "rank", where);
-    e.bytes = f.get<uint64_t>(fs[i], "bytes", where);
+    e.rank = static_cast<int>(f.integer(fs[i], "rank", where, 0, m.world_size - 1));
+    e.bytes = static_cast<uint64_t>(f.integer(fs[i], "bytes", where));
     const std::string crc = f.get<std::string>(fs[i], "crc32c", where);
     if (e.rank != static_cast<int>(i) || e.path != rank_file_name(e.rank, m.world_size)) {
       f.fail(where, "expected rank " + std::to_string(i) + "'s file " +

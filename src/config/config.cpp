@@ -399,8 +399,7 @@ void parse_offload_param(JsonReader& zr, OffloadParamConfig* o) {
 void get_strings(JsonReader& r, std::string_view key, std::vector<std::string>* out) {
   if (const nlohmann::json* v = r.raw(key); v && v->is_string()) {
     std::string one;
-    r.get(key, &one);
-    *out = {one};
+    if (r.get(key, &one)) *out = {one};  // false: "auto", the default (empty)
     return;
   }
   r.get(key, out);

@@ -247,7 +247,7 @@ void Stage3::find_units(torch::nn::Module& model, const UnitPolicy& policy) {
   for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
     const std::string& path = item.key();
     bool inside = false;
-    for (const auto& t : taken) inside = inside || (path.rfind(t + ".", 0) == 0);
+    for (const auto& t : taken) inside = inside || t.empty() || path.rfind(t + ".", 0) == 0;
     if (inside) continue;
     if (!matches(policy, path, item.value()->name())) continue;
     taken.push_back(path);
@@ -467,34 +467,43 @@ void Stage3::before_backward(const at::Tensor& loss) {
 }
 
 void Stage3::check_used_inside_units(const at::Tensor& loss) const {
-  // For each unit, walk the loss's graph without entering that unit's own calls (the backward
-  // of its UnitOutputs or of its checkpoint): reaching one of its parameters means forward used
-  // it outside zero::call, where its storage was released (NaN-filled in debug mode).
+  // For each unit, walk the loss's graph knowing whether the walk is inside one of the unit's
+  // calls: its UnitOutputs' backward enters a call, its UnitInputs' leaves it, and a checkpoint's
+  // backward has the call's inputs as its edges (outside). Reaching one of the unit's parameters
+  // from outside means forward used it outside zero::call, where its storage is released
+  // (NaN-filled in debug mode).
+  using torch::autograd::Node;
   const auto& root = loss.grad_fn();
   if (!root) return;
   for (size_t u = 0; u < units_.size(); ++u) {
-    std::unordered_map<const torch::autograd::Node*, int> param_of;
+    const int unit = static_cast<int>(u);
+    std::unordered_map<const Node*, int> param_of;
     for (size_t i = 0; i < units_[u].params.size(); ++i) {
       auto acc = torch::autograd::impl::try_get_grad_accumulator(units_[u].params[i]);
       if (acc) param_of.emplace(acc.get(), static_cast<int>(i));
     }
     if (param_of.empty()) continue;
-    std::unordered_set<const torch::autograd::Node*> seen{root.get()};
-    std::vector<torch::autograd::Node*> todo{root.get()};
+    std::unordered_set<const Node*> seen[2];  // [inside]
+    seen[0].insert(root.get());
+    std::vector<std::pair<Node*, bool>> todo{{root.get(), false}};
     while (!todo.empty()) {
-      torch::autograd::Node* node = todo.back();
+      auto [node, inside] = todo.back();
       todo.pop_back();
-      if (inside_unit(node, registry_id_, static_cast<int>(u))) continue;
+      const UnitNode kind = unit_node(node, registry_id_, unit);
+      if (kind == UnitNode::kOutputs) inside = true;
+      if (kind == UnitNode::kInputs || kind == UnitNode::kCheckpoint) inside = false;
       for (const auto& edge : node->next_edges()) {
-        torch::autograd::Node* next = edge.function.get();
-        if (!next || !seen.insert(next).second) continue;
-        auto it = param_of.find(next);
-        DSCPP_CHECK(it == param_of.end(), Error, "parameter '", units_[u].names[it->second],
-                    "' of stage-3 unit '", unit_name(static_cast<int>(u)),
-                    "' is used outside "
-                    "zero::call of its unit, where its storage is released (debug mode fills it "
-                    "with NaN). HINT: run every use of the parameter inside the unit's call");
-        todo.push_back(next);
+        Node* next = edge.function.get();
+        if (!next) continue;
+        if (auto it = param_of.find(next); it != param_of.end()) {
+          DSCPP_CHECK(inside, Error, "parameter '", units_[u].names[it->second],
+                      "' of stage-3 unit '", unit_name(unit),
+                      "' is used outside zero::call of its unit, where its storage is released "
+                      "(debug mode fills it with NaN). HINT: run every use of the parameter "
+                      "inside the unit's call");
+          continue;
+        }
+        if (seen[inside].insert(next).second) todo.push_back({next, inside});
       }
     }
   }

@@ -200,8 +200,11 @@ bool is_call_of(torch::autograd::Node* node, int64_t owner, int unit) {
 
 }  // namespace
 
-bool inside_unit(torch::autograd::Node* node, int64_t owner, int unit) {
-  return is_call_of<UnitOutputs>(node, owner, unit) || is_call_of<CheckpointFn>(node, owner, unit);
+UnitNode unit_node(torch::autograd::Node* node, int64_t owner, int unit) {
+  if (is_call_of<UnitOutputs>(node, owner, unit)) return UnitNode::kOutputs;
+  if (is_call_of<UnitInputs>(node, owner, unit)) return UnitNode::kInputs;
+  if (is_call_of<CheckpointFn>(node, owner, unit)) return UnitNode::kCheckpoint;
+  return UnitNode::kNone;
 }
 
 std::vector<at::Tensor> parameters_behind(torch::autograd::Node* node) {

@@ -66,9 +66,11 @@ struct CheckpointFn : public torch::autograd::Function<CheckpointFn> {
                                                  torch::autograd::variable_list grads);
 };
 
-// Whether `node` is the backward of a call of stage-3 unit `unit` of engine `owner` (its
-// UnitOutputs, or its checkpoint).
-bool inside_unit(torch::autograd::Node* node, int64_t owner, int unit);
+// What `node` is to stage-3 unit `unit` of engine `owner`: the backward of one of its calls'
+// UnitOutputs (where backward enters the call), UnitInputs (where it leaves) or checkpoint
+// (whose edges are the call's inputs), or none of these.
+enum class UnitNode { kNone, kOutputs, kInputs, kCheckpoint };
+UnitNode unit_node(torch::autograd::Node* node, int64_t owner, int unit);
 
 // For the reducers' walk of the loss's graph: the trainable parameters that `node` reaches
 // through a backward of its own (a CheckpointFn's module's), or none.

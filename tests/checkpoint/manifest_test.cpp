@@ -75,8 +75,9 @@ TEST(CheckpointManifest, ReadsCoverEveryElementOnceAtAnyWorldSize) {
       for (const auto& p : m.groups[0].parameters) {
         const int64_t n = p.numel();
         const int64_t begin = n ? static_cast<int64_t>(gen() % n) : 0;
+        const int64_t end = begin + static_cast<int64_t>(gen() % (n - begin + 1));
         int64_t next = 0;
-        for (const auto& r : reads_for(m, p.name, begin, n)) {
+        for (const auto& r : reads_for(m, p.name, begin, end)) {
           ASSERT_EQ(r.dst, next);
           ASSERT_GT(r.numel, 0);
           ASSERT_LE(r.position + r.numel, S);
@@ -87,7 +88,7 @@ TEST(CheckpointManifest, ReadsCoverEveryElementOnceAtAnyWorldSize) {
           }
           next += r.numel;
         }
-        ASSERT_EQ(next, n - begin) << "world " << world << " " << p.name;
+        ASSERT_EQ(next, end - begin) << "world " << world << " " << p.name;
       }
     }
   }
@@ -116,6 +117,30 @@ TEST(CheckpointManifest, BadManifestsAreClearErrors) {
                 .find("padded 9 is not numel 10 rounded up to a multiple of world size 2"),
             std::string::npos);
   EXPECT_NE(parse_error(with("\"name\": \"p1\"", "\"name\": \"p0\"")).find("'p0' appears twice"),
+            std::string::npos);
+  // Over-padding would move every shard boundary: only numel rounded up to the world size.
+  EXPECT_NE(parse_error(with("\"padded\": 10", "\"padded\": 12"))
+                .find("padded 12 is not numel 10 rounded up"),
+            std::string::npos);
+  // Integers are integers: no truncated floats, no booleans, no wrapped negatives.
+  EXPECT_NE(parse_error(with("\"world_size\": 2", "\"world_size\": 2.5"))
+                .find("saved_with.world_size: must be an integer, got 2.5"),
+            std::string::npos);
+  EXPECT_NE(parse_error(with("\"stage\": 2", "\"stage\": true")).find("must be an integer"),
+            std::string::npos);
+  EXPECT_NE(
+      parse_error(with("\"bytes\": 1000", "\"bytes\": -1")).find("files[0].bytes: is -1, outside"),
+      std::string::npos);
+  Manifest huge = make_manifest({6, 4}, 2);
+  huge.groups[0].parameters[0].shape = {4294967296, 4294967296};
+  EXPECT_NE(parse_error(huge.to_json()).find("'p0' has more than 2^63 elements"),
+            std::string::npos);
+  Manifest twice = make_manifest({6, 4}, 2);
+  twice.groups.push_back(twice.groups[0]);
+  for (auto& p : twice.groups[1].parameters) p.name += "x";
+  EXPECT_NE(parse_error(twice.to_json()).find("group name 'model' is empty or appears twice"),
+            std::string::npos);
+  EXPECT_NE(parse_error(with("\"exp_avg\"", "\"fp32\"")).find("state name 'fp32'"),
             std::string::npos);
   EXPECT_NE(
       parse_error(with("\"offset\": 6", "\"offset\": 5")).find("'p1' starts at 5, expected 6"),

@@ -749,6 +749,9 @@ TEST(ConfigZero, LeafModulesTakeAStringOrAList) {
       << c.describe();
   EXPECT_TRUE(Config::parse(R"({"zero_optimization": {"stage": 3}})")
                   .zero_optimization.leaf_module.empty());
+  // "auto" means the default: no units.
+  c = Config::parse(R"({"zero_optimization": {"stage": 3, "leaf_module": {"classes": "auto"}}})");
+  EXPECT_TRUE(c.zero_optimization.leaf_module.classes.empty());
   EXPECT_EQ(parse_error(R"({"zero_optimization": {"leaf_module": {"names": ["h.0", ""]}}})"),
             "zero_optimization.leaf_module.names: has an empty entry, which would match every "
             "module. HINT: remove it");

@@ -473,6 +473,14 @@ TEST(EngineZero3, DebugModeNamesAParameterUsedOutsideItsUnit) {
     EXPECT_NE(msg.find("parameter 'head.weight' of stage-3 unit 'head' is used outside"),
               std::string::npos)
         << msg;
+    // An outside use whose result flows into the unit's own call is found too.
+    at::Tensor sneaky = at::ones({2, 16}) + net->head->weight.sum() * 0;
+    at::Tensor y = zero::call(
+        *net->head, [&](const at::Tensor& v) { return net->head->forward(v); }, sneaky);
+    msg = testing::error_of<Error>([&] { engine->backward(at::mse_loss(y, Y)); });
+    EXPECT_NE(msg.find("parameter 'head.weight' of stage-3 unit 'head' is used outside"),
+              std::string::npos)
+        << msg;
     // Used inside, all is well.
     engine->backward(at::mse_loss(net->forward(X), Y));
     engine->step();
