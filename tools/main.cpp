@@ -19,14 +19,17 @@ struct Subcommand {
 
 const Subcommand kSubcommands[] = {
     {"train", dscpp::tools::train_main, "train the built-in GPT with a DeepSpeed config"},
-    {"launch", dscpp::tools::launch_main, "start a job: one process per rank, on one or many nodes"},
+    {"launch", dscpp::tools::launch_main,
+     "start a job: one process per rank, on one or many nodes"},
     {"check", dscpp::tools::check_main, "pre-flight: hosts, master port, config, collectives"},
     {"report", dscpp::tools::report_main, "versions, backends, BLAS speed, SIMD, threads, memory"},
+    {"checkpoint", dscpp::tools::checkpoint_main, "verify a checkpoint offline (sizes, CRCs)"},
 };
 
 void usage(std::ostream& os) {
   os << "usage: dscpp <command> [options]\n\ncommands:\n";
-  for (const auto& s : kSubcommands) os << "  " << s.name << std::string(10 - std::strlen(s.name), ' ') << s.help << "\n";
+  for (const auto& s : kSubcommands)
+    os << "  " << s.name << std::string(12 - std::strlen(s.name), ' ') << s.help << "\n";
   os << "\n'dscpp <command> --help' shows the options of a command.\n";
 }
 

@@ -7,4 +7,5 @@ int launch_main(int argc, char** argv);
 int report_main(int argc, char** argv);
 int check_main(int argc, char** argv);
 int train_main(int argc, char** argv);
+int checkpoint_main(int argc, char** argv);
 }  // namespace dscpp::tools

@@ -1,0 +1,4 @@
+# Sources of src/checkpoint that need the library (the manifest itself is in dscpp_base).
+target_sources(dscpp PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/verify.cpp
+)

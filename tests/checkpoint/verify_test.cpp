@@ -1,0 +1,146 @@
+// Finding and verifying a checkpoint on disk (src/checkpoint/verify.h): a whole one passes, and
+// every kind of damage (a flipped byte, a truncated or missing rank file, a torn write the file
+// system did not report, a tag folder whose manifest never arrived, a `latest` that names
+// nothing) is an error naming the files and the tag, through the library and `dscpp checkpoint
+// verify`.
+#include "checkpoint/verify.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "dscpp/error.h"
+#include "io/fault_file_system.h"
+#include "io/file_system.h"
+#include "support/errors.h"
+#include "support/subprocess.h"
+#include "support/temp_dir.h"
+#include "util/crc32c.h"
+
+namespace dscpp::checkpoint {
+namespace {
+
+using testing::error_of;
+
+// Writes a checkpoint of `world` rank files (arbitrary bytes standing for the slices) under
+// DIR/TAG through `fs`, its manifest with the sizes and CRCs of what was meant to be written, and
+// DIR/latest naming it.
+void write_checkpoint(const std::string& dir, const std::string& tag, int world,
+                      io::FileSystem* fs = nullptr) {
+  std::filesystem::create_directories(dir + "/" + tag);
+  Manifest m;
+  m.tag = tag;
+  m.world_size = world;
+  m.stage = 2;
+  m.dtype = "fp32";
+  m.optimizer = "AdamW";
+  m.groups.push_back(Group{"model", 4 * world, 4 * world, {{"w", {4 * world}, 0}}});
+  m.states = {"fp32", "exp_avg", "exp_avg_sq"};
+  for (int r = 0; r < world; ++r) {
+    std::string bytes(1000 + 37 * r, static_cast<char>('a' + r));
+    bytes[r] = '!';
+    io::resolve(fs).write_file_atomically(dir + "/" + tag + "/" + rank_file_name(r, world),
+                                          {{bytes.data(), bytes.size()}});
+    m.files.push_back(
+        FileEntry{rank_file_name(r, world), r, bytes.size(), crc32c(bytes.data(), bytes.size())});
+  }
+  const std::string text = m.to_json();
+  io::default_file_system().write_file_atomically(dir + "/" + tag + "/manifest.json",
+                                                  {{text.data(), text.size()}});
+  io::default_file_system().write_file_atomically(dir + "/latest", {{tag.data(), tag.size()}});
+}
+
+TEST(CheckpointVerify, AWholeCheckpointPassesAndLatestNamesTheTag) {
+  testing::TempDir tmp("dscpp_ckpt");
+  write_checkpoint(tmp.path(), "global_step10", 3);
+  const Manifest m = verify(tmp.path());
+  EXPECT_EQ(m.tag, "global_step10");
+  EXPECT_EQ(m.files.size(), 3u);
+  const auto [size, crc] = checksum_file(tmp.path() + "/global_step10/" + rank_file_name(1, 3));
+  EXPECT_EQ(size, m.files[1].bytes);
+  EXPECT_EQ(crc, m.files[1].crc32c);
+  // An explicit tag wins over latest.
+  write_checkpoint(tmp.path(), "global_step20", 2);
+  EXPECT_EQ(verify(tmp.path(), "global_step10").world_size, 3);
+  EXPECT_EQ(verify(tmp.path()).world_size, 2);
+}
+
+TEST(CheckpointVerify, DamageIsNamedFileByFile) {
+  testing::TempDir tmp("dscpp_ckpt");
+  write_checkpoint(tmp.path(), "t", 3);
+  const std::string d = tmp.path() + "/t/";
+  {  // flip one byte of rank 0's file
+    std::fstream f(d + rank_file_name(0, 3), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(500);
+    f.put('X');
+  }
+  std::filesystem::resize_file(d + rank_file_name(1, 3), 10);
+  std::filesystem::remove(d + rank_file_name(2, 3));
+  const std::string msg = error_of<CheckpointError>([&] { verify(tmp.path()); });
+  EXPECT_NE(msg.find("checkpoint '" + tmp.path() + "/t' is damaged; nothing was loaded"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find(rank_file_name(0, 3) + ": CRC-32C"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("(corrupted)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(rank_file_name(1, 3) + ": 10 bytes, the manifest says 1037 (torn or "
+                                            "truncated)"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find(rank_file_name(2, 3) + ": missing"), std::string::npos) << msg;
+}
+
+// A write the file system tore without reporting it (FaultFileSystem::tear) is caught by the
+// manifest's sizes.
+TEST(CheckpointVerify, ASilentlyTornWriteIsCaught) {
+  testing::TempDir tmp("dscpp_ckpt");
+  io::FaultFileSystem torn(io::FileFault{io::FileFault::Kind::tear, 1, 100});
+  write_checkpoint(tmp.path(), "t", 2, &torn);
+  EXPECT_GT(torn.injected(), 0);
+  const std::string msg = error_of<CheckpointError>([&] { verify(tmp.path()); });
+  EXPECT_NE(msg.find(": 100 bytes, the manifest says 1000 (torn or truncated)"), std::string::npos)
+      << msg;
+}
+
+TEST(CheckpointVerify, MissingPiecesAreClearErrors) {
+  testing::TempDir tmp("dscpp_ckpt");
+  const std::string dir = tmp.path();
+  EXPECT_NE(error_of<CheckpointError>([&] { verify(dir + "/nope"); }).find("does not exist"),
+            std::string::npos);
+  EXPECT_NE(error_of<CheckpointError>([&] { verify(dir); }).find("has no 'latest' file"),
+            std::string::npos);
+  write_checkpoint(dir, "t", 1);
+  std::ofstream(dir + "/latest") << "gone\n";
+  EXPECT_NE(error_of<CheckpointError>([&] {
+              verify(dir);
+            }).find("'" + dir + "/latest' names tag 'gone', but '" + dir + "/gone' does not exist"),
+            std::string::npos);
+  EXPECT_NE(error_of<CheckpointError>([&] { verify(dir, "other"); }).find("does not exist"),
+            std::string::npos);
+  // A save that never finished: rank files, no manifest. No fallback to another tag.
+  std::filesystem::remove(dir + "/t/manifest.json");
+  EXPECT_NE(error_of<CheckpointError>([&] {
+              verify(dir, "t");
+            }).find("has no manifest.json: its save did not finish"),
+            std::string::npos);
+}
+
+TEST(CheckpointVerify, TheCommandLineSaysWholeOrNamesTheDamage) {
+  testing::TempDir tmp("dscpp_ckpt");
+  write_checkpoint(tmp.path(), "global_step5", 2);
+  auto r = testing::run_command(std::string(DSCPP_CLI_PATH) + " checkpoint verify " + tmp.path());
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("checkpoint " + tmp.path() + "/global_step5: whole (2 files"),
+            std::string::npos)
+      << r.output;
+  std::filesystem::resize_file(tmp.path() + "/global_step5/" + rank_file_name(1, 2), 3);
+  r = testing::run_command(std::string(DSCPP_CLI_PATH) + " checkpoint verify " + tmp.path() +
+                           " --tag global_step5");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("3 bytes, the manifest says 1037"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace dscpp::checkpoint
