@@ -15,6 +15,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -52,10 +53,19 @@ std::string serialize(const TensorList& tensors,
 // Parses the bytes of a file; `source` names it in errors. Throws IoError on anything invalid.
 Contents deserialize(const std::string& bytes, const std::string& source);
 
+// What save() handed to the file system: the file's size and CRC-32C (Castagnoli), as a
+// checkpoint's manifest records them (docs/checkpoint.md).
+struct FileDigest {
+  uint64_t bytes = 0;
+  uint32_t crc32c = 0;
+};
+
 // Writes a file atomically. Large tensors are written from their own memory (no copy into one
-// buffer) when already contiguous on the CPU. Throws IoError; `path` is then untouched.
-void save(const std::string& path, const TensorList& tensors,
-          const std::map<std::string, std::string>& metadata = {}, io::FileSystem* fs = nullptr);
+// buffer) when already contiguous on the CPU. Throws IoError; `path` is then untouched. Returns
+// the size and CRC-32C of the bytes written.
+FileDigest save(const std::string& path, const TensorList& tensors,
+                const std::map<std::string, std::string>& metadata = {},
+                io::FileSystem* fs = nullptr);
 
 // Reads and validates a whole file. Throws IoError naming the file (and tensor) on any problem.
 Contents load(const std::string& path, io::FileSystem* fs = nullptr);

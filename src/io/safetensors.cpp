@@ -15,6 +15,7 @@
 
 #include "dscpp/error.h"
 #include "io/file_system.h"
+#include "util/crc32c.h"
 
 namespace dscpp::safetensors {
 namespace {
@@ -272,8 +273,8 @@ Contents deserialize(const std::string& bytes, const std::string& source) {
   return c;
 }
 
-void save(const std::string& path, const TensorList& tensors,
-          const std::map<std::string, std::string>& metadata, io::FileSystem* fs) {
+FileDigest save(const std::string& path, const TensorList& tensors,
+                const std::map<std::string, std::string>& metadata, io::FileSystem* fs) {
   TensorList cpu = to_cpu_contiguous(tensors);
   std::string header;
   try {
@@ -287,7 +288,13 @@ void save(const std::string& path, const TensorList& tensors,
   for (const auto& [name, t] : cpu) {
     pieces.push_back({t.data_ptr(), static_cast<size_t>(t.numel() * t.element_size())});
   }
+  FileDigest digest;
+  for (const auto& p : pieces) {
+    digest.crc32c = crc32c_extend(digest.crc32c, p.data, p.size);
+    digest.bytes += p.size;
+  }
   io::resolve(fs).write_file_atomically(path, pieces);
+  return digest;
 }
 
 namespace {

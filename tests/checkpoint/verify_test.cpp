@@ -1,10 +1,12 @@
-// Finding and verifying a checkpoint on disk (src/checkpoint/verify.h): a whole one passes, and
+// Finding and verifying a checkpoint on disk (src/checkpoint/verify.h), over rank files written as
+// safetensors with the digest save() reports: a whole one passes, and
 // every kind of damage (a flipped byte, a truncated or missing rank file, a torn write the file
 // system did not report, a tag folder whose manifest never arrived, a `latest` that names
 // nothing) is an error naming the files and the tag, through the library and `dscpp checkpoint
 // verify`.
 #include "checkpoint/verify.h"
 
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "dscpp/error.h"
+#include "dscpp/safetensors.h"
 #include "io/fault_file_system.h"
 #include "io/file_system.h"
 #include "support/errors.h"
@@ -25,11 +28,11 @@ namespace {
 
 using testing::error_of;
 
-// Writes a checkpoint of `world` rank files (arbitrary bytes standing for the slices) under
-// DIR/TAG through `fs`, its manifest with the sizes and CRCs of what was meant to be written, and
-// DIR/latest naming it.
-void write_checkpoint(const std::string& dir, const std::string& tag, int world,
-                      io::FileSystem* fs = nullptr) {
+// Writes a checkpoint of `world` rank files under DIR/TAG through `fs`: each rank's slice of a
+// group of 40 * world elements, for the fp32 values and Adam's two states, saved as safetensors,
+// with the sizes and CRCs save() reports in the manifest; then DIR/latest naming it.
+Manifest write_checkpoint(const std::string& dir, const std::string& tag, int world,
+                          io::FileSystem* fs = nullptr) {
   std::filesystem::create_directories(dir + "/" + tag);
   Manifest m;
   m.tag = tag;
@@ -37,20 +40,26 @@ void write_checkpoint(const std::string& dir, const std::string& tag, int world,
   m.stage = 2;
   m.dtype = "fp32";
   m.optimizer = "AdamW";
-  m.groups.push_back(Group{"model", 4 * world, 4 * world, {{"w", {4 * world}, 0}}});
+  const int64_t numel = 40 * world;
+  m.groups.push_back(Group{"model", numel, numel, {{"w", {numel}, 0}}});
   m.states = {"fp32", "exp_avg", "exp_avg_sq"};
   for (int r = 0; r < world; ++r) {
-    std::string bytes(1000 + 37 * r, static_cast<char>('a' + r));
-    bytes[r] = '!';
-    io::resolve(fs).write_file_atomically(dir + "/" + tag + "/" + rank_file_name(r, world),
-                                          {{bytes.data(), bytes.size()}});
-    m.files.push_back(
-        FileEntry{rank_file_name(r, world), r, bytes.size(), crc32c(bytes.data(), bytes.size())});
+    safetensors::TensorList slices;
+    for (size_t k = 0; k < m.states.size(); ++k) {
+      slices.emplace_back(
+          slice_tensor_name("model", m.states[k]),
+          at::arange(40 * r, 40 * (r + 1), at::kFloat) * static_cast<double>(k + 1));
+    }
+    const std::string name = rank_file_name(r, world);
+    const safetensors::FileDigest d =
+        safetensors::save(dir + "/" + tag + "/" + name, slices, {}, fs);
+    m.files.push_back(FileEntry{name, r, d.bytes, d.crc32c});
   }
   const std::string text = m.to_json();
   io::default_file_system().write_file_atomically(dir + "/" + tag + "/manifest.json",
                                                   {{text.data(), text.size()}});
   io::default_file_system().write_file_atomically(dir + "/latest", {{tag.data(), tag.size()}});
+  return m;
 }
 
 TEST(CheckpointVerify, AWholeCheckpointPassesAndLatestNamesTheTag) {
@@ -59,9 +68,15 @@ TEST(CheckpointVerify, AWholeCheckpointPassesAndLatestNamesTheTag) {
   const Manifest m = verify(tmp.path());
   EXPECT_EQ(m.tag, "global_step10");
   EXPECT_EQ(m.files.size(), 3u);
-  const auto [size, crc] = checksum_file(tmp.path() + "/global_step10/" + rank_file_name(1, 3));
+  // What save() reported is what is on disk, and the slices read back.
+  const std::string file1 = tmp.path() + "/global_step10/" + rank_file_name(1, 3);
+  const auto [size, crc] = checksum_file(file1);
   EXPECT_EQ(size, m.files[1].bytes);
   EXPECT_EQ(crc, m.files[1].crc32c);
+  const safetensors::Contents c = safetensors::load(file1);
+  ASSERT_EQ(c.tensors.size(), 3u);
+  EXPECT_EQ(c.tensors[1].first, "model/exp_avg");
+  EXPECT_TRUE(at::equal(c.tensors[1].second, at::arange(40, 80, at::kFloat) * 2.0));
   // An explicit tag wins over latest.
   write_checkpoint(tmp.path(), "global_step20", 2);
   EXPECT_EQ(verify(tmp.path(), "global_step10").world_size, 3);
@@ -70,7 +85,7 @@ TEST(CheckpointVerify, AWholeCheckpointPassesAndLatestNamesTheTag) {
 
 TEST(CheckpointVerify, DamageIsNamedFileByFile) {
   testing::TempDir tmp("dscpp_ckpt");
-  write_checkpoint(tmp.path(), "t", 3);
+  const Manifest m = write_checkpoint(tmp.path(), "t", 3);
   const std::string d = tmp.path() + "/t/";
   {  // flip one byte of rank 0's file
     std::fstream f(d + rank_file_name(0, 3), std::ios::in | std::ios::out | std::ios::binary);
@@ -85,8 +100,8 @@ TEST(CheckpointVerify, DamageIsNamedFileByFile) {
       << msg;
   EXPECT_NE(msg.find(rank_file_name(0, 3) + ": CRC-32C"), std::string::npos) << msg;
   EXPECT_NE(msg.find("(corrupted)"), std::string::npos) << msg;
-  EXPECT_NE(msg.find(rank_file_name(1, 3) + ": 10 bytes, the manifest says 1037 (torn or "
-                                            "truncated)"),
+  EXPECT_NE(msg.find(rank_file_name(1, 3) + ": 10 bytes, the manifest says " +
+                     std::to_string(m.files[1].bytes) + " (torn or truncated)"),
             std::string::npos)
       << msg;
   EXPECT_NE(msg.find(rank_file_name(2, 3) + ": missing"), std::string::npos) << msg;
@@ -97,10 +112,12 @@ TEST(CheckpointVerify, DamageIsNamedFileByFile) {
 TEST(CheckpointVerify, ASilentlyTornWriteIsCaught) {
   testing::TempDir tmp("dscpp_ckpt");
   io::FaultFileSystem torn(io::FileFault{io::FileFault::Kind::tear, 1, 100});
-  write_checkpoint(tmp.path(), "t", 2, &torn);
+  const Manifest m = write_checkpoint(tmp.path(), "t", 2, &torn);
   EXPECT_GT(torn.injected(), 0);
   const std::string msg = error_of<CheckpointError>([&] { verify(tmp.path()); });
-  EXPECT_NE(msg.find(": 100 bytes, the manifest says 1000 (torn or truncated)"), std::string::npos)
+  EXPECT_NE(msg.find(": 100 bytes, the manifest says " + std::to_string(m.files[0].bytes) +
+                     " (torn or truncated)"),
+            std::string::npos)
       << msg;
 }
 
@@ -129,7 +146,7 @@ TEST(CheckpointVerify, MissingPiecesAreClearErrors) {
 
 TEST(CheckpointVerify, TheCommandLineSaysWholeOrNamesTheDamage) {
   testing::TempDir tmp("dscpp_ckpt");
-  write_checkpoint(tmp.path(), "global_step5", 2);
+  const Manifest m = write_checkpoint(tmp.path(), "global_step5", 2);
   auto r = testing::run_command(std::string(DSCPP_CLI_PATH) + " checkpoint verify " + tmp.path());
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("checkpoint " + tmp.path() + "/global_step5: whole (2 files"),
@@ -139,7 +156,9 @@ TEST(CheckpointVerify, TheCommandLineSaysWholeOrNamesTheDamage) {
   r = testing::run_command(std::string(DSCPP_CLI_PATH) + " checkpoint verify " + tmp.path() +
                            " --tag global_step5");
   EXPECT_EQ(r.status, 2) << r.output;
-  EXPECT_NE(r.output.find("3 bytes, the manifest says 1037"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("3 bytes, the manifest says " + std::to_string(m.files[1].bytes)),
+            std::string::npos)
+      << r.output;
 }
 
 }  // namespace
