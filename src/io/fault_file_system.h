@@ -40,6 +40,7 @@ class FaultFileSystem final : public FileSystem {
   void rename_file(const std::string& from, const std::string& to) override;
   void remove_file(const std::string& path) override { inner_.remove_file(path); }
   void sync_dir(const std::string& dir) override { inner_.sync_dir(dir); }
+  void create_dirs(const std::string& dir) override { inner_.create_dirs(dir); }
   bool exists(const std::string& path) override { return inner_.exists(path); }
   uint64_t file_size(const std::string& path) override { return inner_.file_size(path); }
 

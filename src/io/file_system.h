@@ -58,6 +58,9 @@ class FileSystem {
   virtual void remove_file(const std::string& path) = 0;
   // fsync of a directory, so that a rename in it survives a crash. Throws IoError.
   virtual void sync_dir(const std::string& dir) = 0;
+  // Creates a directory and its missing parents (mkdir -p); an existing directory is not an
+  // error. Throws IoError.
+  virtual void create_dirs(const std::string& dir) = 0;
   virtual bool exists(const std::string& path) = 0;
   // Size in bytes. Throws IoError when the file does not exist.
   virtual uint64_t file_size(const std::string& path) = 0;

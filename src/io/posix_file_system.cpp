@@ -116,6 +116,19 @@ class PosixFileSystem final : public FileSystem {
     }
   }
 
+  void create_dirs(const std::string& dir) override {
+    for (size_t at = 1; at != std::string::npos;) {
+      at = dir.find('/', at);
+      const std::string part = dir.substr(0, at);
+      if (at != std::string::npos) ++at;
+      if (part.empty() || ::mkdir(part.c_str(), 0777) == 0 || errno == EEXIST) continue;
+      DSCPP_FAIL(IoError, "cannot create directory '", part, "': ", errno_text(errno));
+    }
+    struct stat st {};
+    DSCPP_CHECK(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), IoError, "'", dir,
+                "' exists but is not a directory");
+  }
+
   void sync_dir(const std::string& dir) override {
     int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     DSCPP_CHECK(fd >= 0, IoError, "cannot open directory '", dir, "': ", errno_text(errno));

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/publish.h"
 #include "dscpp/error.h"
 #include "dscpp/safetensors.h"
 #include "io/fault_file_system.h"
@@ -28,12 +29,13 @@ namespace {
 
 using testing::error_of;
 
-// Writes a checkpoint of `world` rank files under DIR/TAG through `fs`: each rank's slice of a
-// group of 40 * world elements, for the fp32 values and Adam's two states, saved as safetensors,
-// with the sizes and CRCs save() reports in the manifest; then DIR/latest naming it.
+// Saves a checkpoint as the engine will: begin_save, then each rank's slice of a group of
+// 40 * world elements (the fp32 values and Adam's two states) written as safetensors through
+// `rank_fs` with the digests save() reports going into the manifest, then publish through
+// `publish_fs` (manifest, then latest).
 Manifest write_checkpoint(const std::string& dir, const std::string& tag, int world,
-                          io::FileSystem* fs = nullptr) {
-  std::filesystem::create_directories(dir + "/" + tag);
+                          io::FileSystem* rank_fs = nullptr, io::FileSystem* publish_fs = nullptr) {
+  const std::string folder = begin_save(dir, tag, publish_fs);
   Manifest m;
   m.tag = tag;
   m.world_size = world;
@@ -51,14 +53,10 @@ Manifest write_checkpoint(const std::string& dir, const std::string& tag, int wo
           at::arange(40 * r, 40 * (r + 1), at::kFloat) * static_cast<double>(k + 1));
     }
     const std::string name = rank_file_name(r, world);
-    const safetensors::FileDigest d =
-        safetensors::save(dir + "/" + tag + "/" + name, slices, {}, fs);
+    const safetensors::FileDigest d = safetensors::save(folder + "/" + name, slices, {}, rank_fs);
     m.files.push_back(FileEntry{name, r, d.bytes, d.crc32c});
   }
-  const std::string text = m.to_json();
-  io::default_file_system().write_file_atomically(dir + "/" + tag + "/manifest.json",
-                                                  {{text.data(), text.size()}});
-  io::default_file_system().write_file_atomically(dir + "/latest", {{tag.data(), tag.size()}});
+  publish(dir, m, publish_fs);
   return m;
 }
 
@@ -159,6 +157,50 @@ TEST(CheckpointVerify, TheCommandLineSaysWholeOrNamesTheDamage) {
   EXPECT_NE(r.output.find("3 bytes, the manifest says " + std::to_string(m.files[1].bytes)),
             std::string::npos)
       << r.output;
+}
+
+// A save that fails at any of its renames leaves `latest` on the previous checkpoint, which still
+// verifies; a tag folder without its manifest is refused by name and can be saved again.
+TEST(CheckpointPublish, AFailedSaveLeavesLatestOnTheWholePreviousCheckpoint) {
+  testing::TempDir tmp("dscpp_ckpt");
+  const std::string dir = tmp.path() + "/run";  // created by begin_save, parents included
+  write_checkpoint(dir, "a", 2);
+  // Renames of a 2-rank save: the two rank files, the manifest, latest.
+  for (int nth = 1; nth <= 4; ++nth) {
+    io::FaultFileSystem fail(io::FileFault{io::FileFault::Kind::fail_rename, nth});
+    EXPECT_NE(error_of<IoError>([&] { write_checkpoint(dir, "b", 2, &fail, &fail); }), "")
+        << "rename " << nth;
+    EXPECT_EQ(verify(dir).tag, "a") << "rename " << nth;
+    if (nth < 4) {
+      EXPECT_NE(error_of<CheckpointError>([&] { verify(dir, "b"); }).find("did not finish"),
+                std::string::npos);
+    } else {  // only latest failed: b is complete, just not latest
+      EXPECT_EQ(verify(dir, "b").tag, "b");
+      std::filesystem::remove_all(dir + "/b");
+    }
+  }
+  // A full disk while writing a rank file: same.
+  io::FaultFileSystem full(io::FileFault{io::FileFault::Kind::disk_full, 1, 500});
+  EXPECT_NE(error_of<IoError>([&] { write_checkpoint(dir, "b", 2, &full, &full); }), "");
+  EXPECT_EQ(verify(dir).tag, "a");
+  // The unfinished folder is saved over; then latest moves.
+  write_checkpoint(dir, "b", 2);
+  EXPECT_EQ(verify(dir).tag, "b");
+  EXPECT_EQ(verify(dir, "a").tag, "a");
+}
+
+TEST(CheckpointPublish, TagsAreFolderNamesAndACompleteOneIsNeverOverwritten) {
+  testing::TempDir tmp("dscpp_ckpt");
+  write_checkpoint(tmp.path(), "a", 1);
+  EXPECT_NE(error_of<CheckpointError>([&] {
+              begin_save(tmp.path(), "a");
+            }).find("already holds a complete checkpoint"),
+            std::string::npos);
+  for (const char* bad : {"", "x/y", "latest", ".hidden"}) {
+    EXPECT_NE(error_of<CheckpointError>([&] { begin_save(tmp.path(), bad); }), "") << bad;
+  }
+  std::ofstream(tmp.path() + "/file") << "x";
+  EXPECT_NE(error_of<IoError>([&] { begin_save(tmp.path() + "/file", "t"); }), "");
 }
 
 }  // namespace

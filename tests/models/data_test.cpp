@@ -2,8 +2,6 @@
 // over steps, ranks and micro-steps (with wrap-around and shuffling), reading only a rank's own
 // bytes, the errors for short or malformed files, and the built-in reverse task: layout,
 // determinism, a disjoint held-out set, the accuracy measure and that a small GPT learns it.
-#include "support/temp_dir.h"
-#include "support/errors.h"
 #include "dscpp/data.h"
 
 #include <gtest/gtest.h>
@@ -22,6 +20,8 @@
 #include "dscpp/error.h"
 #include "dscpp/models/gpt.h"
 #include "io/file_system.h"
+#include "support/errors.h"
+#include "support/temp_dir.h"
 
 namespace dscpp::data {
 namespace {
@@ -76,6 +76,7 @@ class CountingFileSystem final : public io::FileSystem {
   }
   void remove_file(const std::string& p) override { base().remove_file(p); }
   void sync_dir(const std::string& d) override { base().sync_dir(d); }
+  void create_dirs(const std::string& d) override { base().create_dirs(d); }
   bool exists(const std::string& p) override { return base().exists(p); }
   uint64_t file_size(const std::string& p) override { return base().file_size(p); }
 

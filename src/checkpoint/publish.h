@@ -1,0 +1,33 @@
+// The save side of a checkpoint folder (docs/checkpoint.md, "Atomic and durable"): a tag's
+// folder is prepared before any rank writes, and published (manifest, then `latest`) only after
+// every rank's file is durable, so a crash at any point leaves `latest` naming a complete
+// checkpoint and never damages an earlier one.
+#pragma once
+
+#include <string>
+
+#include "checkpoint/manifest.h"
+
+namespace dscpp::io {
+class FileSystem;
+}
+
+namespace dscpp::checkpoint {
+
+// A tag names a folder: not empty, no '/', not "latest", not starting with '.'. Throws
+// CheckpointError saying which rule it breaks.
+void check_tag(const std::string& tag);
+
+// Prepares DIR/TAG for a save and returns its path: checks the tag, refuses a tag whose folder
+// already holds a complete checkpoint (DeepSpeed overwrites it in place, which is how a crash
+// during save destroys the only copy), and creates the folder. Throws CheckpointError, or IoError
+// naming the path when the folder cannot be made.
+std::string begin_save(const std::string& dir, const std::string& tag,
+                       io::FileSystem* fs = nullptr);
+
+// Completes a save once every file `m` lists is durable: writes DIR/TAG/manifest.json, then
+// replaces DIR/latest with the tag, each atomically (temporary file, fsync, rename, directory
+// fsync). If it throws (IoError), `latest` still names the previous checkpoint.
+void publish(const std::string& dir, const Manifest& m, io::FileSystem* fs = nullptr);
+
+}  // namespace dscpp::checkpoint
