@@ -13,12 +13,6 @@ namespace {
 
 constexpr const char* kFormatName = "dscpp-checkpoint";
 
-std::string hex32(uint32_t v) {
-  char buf[9];
-  std::snprintf(buf, sizeof buf, "%08x", v);
-  return buf;
-}
-
 // Reads manifest fields with errors that name the file and the field.
 class Fields {
  public:
@@ -77,6 +71,12 @@ int64_t ParamEntry::numel() const {
   return n;
 }
 
+std::string crc32c_hex(uint32_t crc) {
+  char buf[9];
+  std::snprintf(buf, sizeof buf, "%08x", crc);
+  return buf;
+}
+
 std::string rank_file_name(int rank, int world_size) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "rank%05d-of-%05d.safetensors", rank, world_size);
@@ -106,7 +106,7 @@ std::string Manifest::to_json() const {
   nlohmann::json fs = nlohmann::json::array();
   for (const auto& f : files) {
     fs.push_back(
-        {{"path", f.path}, {"rank", f.rank}, {"bytes", f.bytes}, {"crc32c", hex32(f.crc32c)}});
+        {{"path", f.path}, {"rank", f.rank}, {"bytes", f.bytes}, {"crc32c", crc32c_hex(f.crc32c)}});
   }
   j["files"] = fs;
   j["counters"] = counters;

@@ -74,6 +74,9 @@ struct Manifest {
   std::pair<int, int> find(const std::string& name) const;
 };
 
+// A CRC-32C as the manifest spells it: 8 lowercase hex digits.
+std::string crc32c_hex(uint32_t crc);
+
 // The file name of `rank`'s slice: "rank00001-of-00004.safetensors".
 std::string rank_file_name(int rank, int world_size);
 

@@ -2,7 +2,6 @@
 #include "checkpoint/verify.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <vector>
 
 #include "dscpp/error.h"
@@ -19,12 +18,6 @@ std::string read_small_file(io::FileSystem& fs, const std::string& path) {
   std::string text(f->size(), '\0');
   if (!text.empty()) f->pread(0, text.data(), text.size());
   return text;
-}
-
-std::string hex32(uint32_t v) {
-  char buf[9];
-  std::snprintf(buf, sizeof buf, "%08x", v);
-  return buf;
 }
 
 }  // namespace
@@ -87,7 +80,8 @@ void verify_files(const std::string& dir, const Manifest& m, io::FileSystem* fsp
       problem = std::to_string(size) + " bytes, the manifest says " + std::to_string(f.bytes) +
                 " (torn or truncated)";
     } else if (uint32_t crc = checksum_file(path, &fs).second; crc != f.crc32c) {
-      problem = "CRC-32C " + hex32(crc) + ", the manifest says " + hex32(f.crc32c) + " (corrupted)";
+      problem = "CRC-32C " + crc32c_hex(crc) + ", the manifest says " + crc32c_hex(f.crc32c) +
+                " (corrupted)";
     }
     if (!problem.empty()) problems += "\n  " + path + ": " + problem;
   }
