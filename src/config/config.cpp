@@ -547,6 +547,19 @@ void parse_zero(JsonReader& root, ZeroConfig* z) {
     r.notes().warn("zero_optimization.offload_param.device \"" + z->offload_param.device +
                    "\" has no effect at stage " + std::to_string(z->stage) +
                    " (parameter offload is stage 3 only); ignored");
+  if (z->stage != 3) {
+    std::string given;
+    for (const char* key : {"stage3_prefetch_bucket_size", "prefetch_bucket_size",
+                            "stage3_param_persistence_threshold", "param_persistence_threshold",
+                            "stage3_max_live_parameters", "max_live_parameters",
+                            "stage3_max_reuse_distance", "max_reuse_distance", "leaf_module"}) {
+      if (r.has(key)) given += (given.empty() ? "" : ", ") + std::string(key);
+    }
+    if (!given.empty()) {
+      r.notes().warn("zero_optimization." + given + ": stage 3 settings have no effect at stage " +
+                     std::to_string(z->stage) + "; ignored");
+    }
+  }
 }
 
 // ----- the smaller sections -------------------------------------------------------------------

@@ -62,6 +62,12 @@ std::vector<std::string> check_supported(const Config& c, const SupportContext& 
               "zero_optimization.offload_param.device \"", z.offload_param.device,
               "\" is not implemented yet: stage 3 keeps each rank's parameter shard in the "
               "training device's memory. HINT: remove offload_param");
+  if (z.stage3_gather_16bit_weights_on_model_save) {
+    warnings.push_back(
+        "zero_optimization.stage3_gather_16bit_weights_on_model_save is not implemented yet and "
+        "is ignored: dscpp has no save_16bit_model; training runs as configured. HINT: "
+        "zero::GatheredParameters with safetensors::save writes whole weights");
+  }
   if (!z.allgather_partitions) {
     warnings.push_back(
         "zero_optimization.allgather_partitions false: dscpp always all-gathers "

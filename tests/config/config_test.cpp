@@ -749,6 +749,12 @@ TEST(ConfigZero, LeafModulesTakeAStringOrAList) {
       << c.describe();
   EXPECT_TRUE(Config::parse(R"({"zero_optimization": {"stage": 3}})")
                   .zero_optimization.leaf_module.empty());
+  // Below stage 3 the stage-3 settings are said to do nothing.
+  c = Config::parse(R"({"zero_optimization": {"stage": 2, "leaf_module": {"names": "h.0"},
+                        "stage3_max_live_parameters": 10}})");
+  EXPECT_TRUE(has_warning(c,
+                          "zero_optimization.stage3_max_live_parameters, leaf_module: stage 3 "
+                          "settings have no effect at stage 2; ignored"));
   // "auto" means the default: no units.
   c = Config::parse(R"({"zero_optimization": {"stage": 3, "leaf_module": {"classes": "auto"}}})");
   EXPECT_TRUE(c.zero_optimization.leaf_module.classes.empty());

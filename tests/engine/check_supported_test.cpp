@@ -89,11 +89,13 @@ TEST(CheckSupported, ObserversAreAcceptedWithAWarning) {
   auto w = check(R"(, "tensorboard": {"enabled": true}, "csv_monitor": {"enabled": true},
       "wandb": {"enabled": true}, "flops_profiler": {"enabled": true},
       "activation_checkpointing": {"profile": true},
-      "zero_optimization": {"allgather_partitions": false})");
-  ASSERT_EQ(w.size(), 6u);
+      "zero_optimization": {"allgather_partitions": false,
+                            "stage3_gather_16bit_weights_on_model_save": true})");
+  ASSERT_EQ(w.size(), 7u);
   for (const char* key :
        {"tensorboard.enabled", "csv_monitor.enabled", "wandb.enabled", "flops_profiler.enabled",
-        "activation_checkpointing.profile", "allgather_partitions"}) {
+        "activation_checkpointing.profile", "allgather_partitions",
+        "stage3_gather_16bit_weights_on_model_save"}) {
     bool found = false;
     for (const auto& s : w) found = found || s.find(key) != std::string::npos;
     EXPECT_TRUE(found) << key;
