@@ -24,12 +24,14 @@ const Subcommand kSubcommands[] = {
     {"check", dscpp::tools::check_main, "pre-flight: hosts, master port, config, collectives"},
     {"report", dscpp::tools::report_main, "versions, backends, BLAS speed, SIMD, threads, memory"},
     {"checkpoint", dscpp::tools::checkpoint_main, "verify a checkpoint offline (sizes, CRCs)"},
+    {"zero-to-fp32", dscpp::tools::zero_to_fp32_main,
+     "whole fp32 weights from a checkpoint of any world size and stage"},
 };
 
 void usage(std::ostream& os) {
   os << "usage: dscpp <command> [options]\n\ncommands:\n";
   for (const auto& s : kSubcommands)
-    os << "  " << s.name << std::string(12 - std::strlen(s.name), ' ') << s.help << "\n";
+    os << "  " << s.name << std::string(14 - std::strlen(s.name), ' ') << s.help << "\n";
   os << "\n'dscpp <command> --help' shows the options of a command.\n";
 }
 

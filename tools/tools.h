@@ -8,4 +8,5 @@ int report_main(int argc, char** argv);
 int check_main(int argc, char** argv);
 int train_main(int argc, char** argv);
 int checkpoint_main(int argc, char** argv);
+int zero_to_fp32_main(int argc, char** argv);
 }  // namespace dscpp::tools

@@ -4,17 +4,18 @@
 // little-endian uint16 tokens (--data FILE.bin). The batches follow the data contract in
 // include/dscpp/data.h, so another framework can reproduce a run (--no_shuffle).
 #include <ATen/ATen.h>
-#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <torch/cuda.h>
 #include <torch/version.h>
-#include <fmt/format.h>
 
-#include <sys/resource.h>
-
+#include <CLI/CLI.hpp>
+#include <atomic>
 #include <chrono>
 #include <fstream>
-#include <optional>
 #include <iostream>
+#include <optional>
 
 #include "dscpp/data.h"
 #include "dscpp/engine.h"
@@ -32,13 +33,37 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct TrainArgs {
-  std::string config, data, init, save_final, metrics, level, device = "cpu";
+  std::string config, data, init, save_final, metrics, level, device = "cpu", save_dir;
+  int64_t save_interval = 0;
+  bool resume = false;
   int64_t n_layer = 2, n_head = 4, n_embd = 64, block_size = 0, vocab_size = 0;
   int64_t steps = 300, eval_problems = 2000;
   uint64_t seed = 1234;
   bool no_shuffle = false;
   bool checkpoint_activations = false;
 };
+
+// The signal that asked this process to stop (SIGTERM, SIGUSR1), or 0. Set by the handler; read
+// at each optimizer-step boundary.
+std::atomic<int> g_stop_signal{0};
+void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+
+// With --save_dir, SIGTERM and SIGUSR1 (how Slurm and Kubernetes announce preemption) ask for a
+// checkpoint at the next optimizer-step boundary instead of ending the process.
+void catch_stop_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGTERM, SIGUSR1}) ::sigaction(sig, &sa, nullptr);
+}
+
+// Whether any rank was asked to stop: one tiny all-reduce, so every rank saves at the same step.
+bool any_rank_asked_to_stop(comm::Communicator& comm, const at::Device& device) {
+  at::Tensor flag =
+      at::full({1}, g_stop_signal.load() != 0 ? 1.0f : 0.0f, at::TensorOptions().device(device));
+  comm.all_reduce(flag)->wait();
+  return flag.item<float>() > 0;
+}
 
 std::string fmt_eta(double s) {
   int t = static_cast<int>(s + 0.5);
@@ -54,23 +79,40 @@ int train_main(int argc, char** argv) {
   app.add_option("--n_layer", a.n_layer, "transformer blocks")->capture_default_str();
   app.add_option("--n_head", a.n_head, "attention heads")->capture_default_str();
   app.add_option("--n_embd", a.n_embd, "embedding width")->capture_default_str();
-  app.add_option("--block_size", a.block_size, "sequence length T (default: the task's, or 64 for --data)");
+  app.add_option("--block_size", a.block_size,
+                 "sequence length T (default: the task's, or 64 for --data)");
   app.add_option("--vocab_size", a.vocab_size, "vocabulary (default: the data's)");
-  app.add_option("--data", a.data, "FILE.txt (bytes) or FILE.bin (uint16 tokens); none: built-in task");
+  app.add_option("--data", a.data,
+                 "FILE.txt (bytes) or FILE.bin (uint16 tokens); none: built-in task");
   app.add_option("--steps", a.steps, "optimizer steps")->capture_default_str();
-  app.add_option("--seed", a.seed, "model init, data generation and shuffling")->capture_default_str();
+  app.add_option("--seed", a.seed, "model init, data generation and shuffling")
+      ->capture_default_str();
   app.add_flag("--no_shuffle", a.no_shuffle, "step s trains on samples (s*B + i) mod num_samples");
   app.add_flag("--checkpoint_activations", a.checkpoint_activations,
                "recompute each block in backward instead of keeping its activations");
   app.add_option("--init", a.init, "initial weights (safetensors, by parameter name)");
-  app.add_option("--save_final", a.save_final, "write the final weights as fp32 safetensors (rank 0)");
+  app.add_option("--save_final", a.save_final,
+                 "write the final weights as fp32 safetensors (rank 0)");
   app.add_option("--metrics", a.metrics, "JSON lines, one per optimizer step (rank 0)");
-  app.add_option("--eval_problems", a.eval_problems, "held-out problems for the built-in task's accuracy");
+  app.add_option("--save_dir", a.save_dir,
+                 "checkpoint folder: saved every --save_interval steps, at the end, and at the "
+                 "next step after SIGTERM or SIGUSR1 (then the run exits 0)");
+  app.add_option("--save_interval", a.save_interval,
+                 "optimizer steps between checkpoints (0: none but the last)")
+      ->capture_default_str();
+  app.add_flag("--resume", a.resume,
+               "continue from the checkpoint --save_dir/latest names, if there is one");
+  app.add_option("--eval_problems", a.eval_problems,
+                 "held-out problems for the built-in task's accuracy");
   app.add_option("--log_level", a.level, "debug|info|warning|error");
-  app.add_option("--device", a.device, "cpu, or cuda (cuda:LOCAL_RANK), or cuda:N")->capture_default_str();
+  app.add_option("--device", a.device, "cpu, or cuda (cuda:LOCAL_RANK), or cuda:N")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (!a.level.empty()) set_log_level(parse_log_level(a.level));
   DSCPP_CHECK(a.steps > 0, ConfigError, "--steps must be > 0");
+  DSCPP_CHECK(a.save_interval >= 0, ConfigError, "--save_interval must be >= 0");
+  DSCPP_CHECK(!a.save_dir.empty() || (!a.resume && a.save_interval == 0), ConfigError,
+              "--resume and --save_interval need --save_dir. HINT: --save_dir DIR");
 
   Config config = Config::parse(a.config);
   at::Device device(a.device);
@@ -80,7 +122,8 @@ int train_main(int argc, char** argv) {
     // One GPU per local rank (the launcher sets LOCAL_RANK and, with --include, the visible
     // devices).
     const int gpus = static_cast<int>(torch::cuda::device_count());
-    device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(detect_process_env().local_rank % gpus));
+    device = at::Device(at::kCUDA,
+                        static_cast<c10::DeviceIndex>(detect_process_env().local_rank % gpus));
   }
   if (config.fp16.enabled && device.is_cpu()) {
     // libtorch's CPU kernels cover few fp16 operations (1.13: no matmul, softmax, layer_norm,
@@ -163,17 +206,50 @@ int train_main(int argc, char** argv) {
                    loader.dataset().num_samples(), a.block_size, a.steps);
   }
 
+  // The data position is the optimizer step (NOTE [batch split]), which the checkpoint restores;
+  // it also records what fixes the order, so a resume on other data is refused.
+  const nlohmann::json data_state = {{"data", a.data.empty() ? "built-in task" : a.data},
+                                     {"seed", a.seed},
+                                     {"shuffle", !a.no_shuffle},
+                                     {"train_batch_size", engine.train_batch_size()},
+                                     {"block_size", a.block_size}};
+  int64_t first_step = 0;
+  if (a.resume) {
+    if (std::ifstream(a.save_dir + "/latest").good()) {
+      LoadResult got = engine.load_checkpoint(a.save_dir);
+      const nlohmann::json saved = got.client_state.value("dscpp_train", nlohmann::json::object());
+      for (const auto& [key, value] : data_state.items()) {
+        DSCPP_CHECK(!saved.contains(key) || saved[key] == value, ConfigError, "--resume from ",
+                    got.path, ": it was trained with ", key, " ",
+                    saved.contains(key) ? saved[key].dump() : "", ", this run has ", value.dump(),
+                    ", so the data would not continue where it stopped. HINT: resume with the "
+                    "same data, seed, shuffling, block size and train_batch_size");
+      }
+      first_step = engine.global_steps();
+      if (rank == 0) {
+        std::cout << fmt::format("resumed from {} at step {}", got.path, first_step) << std::endl;
+      }
+    } else if (rank == 0) {
+      std::cout << fmt::format("--resume: no checkpoint in {} yet; starting from step 0",
+                               a.save_dir)
+                << std::endl;
+    }
+  }
+  if (!a.save_dir.empty()) catch_stop_signals();
+  auto save = [&] { engine.save_checkpoint(a.save_dir, "", {{"dscpp_train", data_state}}); };
+
   std::ofstream metrics;
   if (rank == 0 && !a.metrics.empty()) {
-    metrics.open(a.metrics);
+    // A resumed run appends to the metrics of the run it continues.
+    metrics.open(a.metrics, first_step > 0 ? std::ios::app : std::ios::trunc);
     DSCPP_CHECK(metrics.good(), IoError, "cannot write --metrics file ", a.metrics);
   }
   const auto start = Clock::now();
   // Steady-state throughput excludes the first steps (allocator and thread warm-up).
-  const int64_t warmup_steps = std::min<int64_t>(5, a.steps - 1);
+  const int64_t warmup_steps = std::max<int64_t>(0, std::min<int64_t>(5, a.steps - first_step - 1));
   auto steady_start = start;
   const int64_t progress_every = std::max<int64_t>(1, a.steps / 20);
-  for (int64_t s = 0; s < a.steps; ++s) {
+  for (int64_t s = first_step; s < a.steps; ++s) {
     comm->set_step(s);
     for (int64_t k = 0; k < engine.gradient_accumulation_steps(); ++k) {
       data::Batch b = loader.micro_batch(s, rank, k);
@@ -181,20 +257,44 @@ int train_main(int argc, char** argv) {
       engine.backward(loss);
       engine.step();
     }
-    if (s + 1 == warmup_steps) steady_start = Clock::now();
+    if (s + 1 - first_step == warmup_steps) steady_start = Clock::now();
     const StepStats& st = engine.last_step();
-    if (rank != 0) continue;
-    if (metrics.is_open()) {
-      metrics << fmt::format("{{\"step\": {}, \"loss\": {:.9g}, \"lr\": {:.9g}, \"grad_norm\": {:.9g}, "
-                             "\"samples_per_s\": {:.6g}, \"loss_scale\": {}, \"skipped\": {}}}\n",
-                             st.step, st.loss, st.lr, st.grad_norm, st.samples_per_s, st.loss_scale,
-                             st.skipped);
+    if (rank == 0 && metrics.is_open()) {
+      metrics << fmt::format(
+                     "{{\"step\": {}, \"loss\": {:.9g}, \"lr\": {:.9g}, \"grad_norm\": {:.9g}, "
+                     "\"samples_per_s\": {:.6g}, \"loss_scale\": {}, \"skipped\": {}}}",
+                     st.step, st.loss, st.lr, st.grad_norm, st.samples_per_s, st.loss_scale,
+                     st.skipped)
+              << std::endl;  // flushed: a stopped run loses no line
     }
+    if (!a.save_dir.empty()) {
+      if (any_rank_asked_to_stop(*comm, device)) {
+        save();
+        if (rank == 0) {
+          const int sig = g_stop_signal.load();
+          std::cout << fmt::format(
+                           "stop requested ({}): saved checkpoint {}/global_step{} after "
+                           "step {} of {}; exiting 0. Continue with --resume",
+                           sig == SIGTERM   ? "SIGTERM"
+                           : sig == SIGUSR1 ? "SIGUSR1"
+                                            : "on another rank",
+                           a.save_dir, s + 1, s + 1, a.steps)
+                    << std::endl;
+        }
+        comm->barrier()->wait();
+        return 0;
+      }
+      if ((a.save_interval > 0 && (s + 1) % a.save_interval == 0) || s + 1 == a.steps) {
+        save();
+      }
+    }
+    if (rank != 0) continue;
     if ((s + 1) % progress_every == 0 || s + 1 == a.steps) {
       double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-      double tok_s = (s + 1) * engine.train_batch_size() * a.block_size / elapsed;
+      const int64_t done = s + 1 - first_step;  // steps this run
+      double tok_s = done * engine.train_batch_size() * a.block_size / elapsed;
       std::cout << fmt::format("step {:>5}/{} | loss {:.4f} | {:.0f} tokens/s | ETA {}", s + 1,
-                               a.steps, st.loss, tok_s, fmt_eta(elapsed / (s + 1) * (a.steps - s - 1)))
+                               a.steps, st.loss, tok_s, fmt_eta(elapsed / done * (a.steps - s - 1)))
                 << std::endl;
     }
   }
@@ -203,27 +303,33 @@ int train_main(int argc, char** argv) {
   getrusage(RUSAGE_SELF, &ru);
   const MemoryStats mem = engine.memory_stats();
   constexpr double kMiB = 1 << 20;
-  std::cout << fmt::format("rank {}: peak RSS {:.1f} MiB; model states {:.2f} MiB (params {:.2f}, "
-                           "grads {:.2f}, fp32 master {:.2f}, optimizer {:.2f}), gradient staging "
-                           "{:.2f} MiB; {} parameters",
-                           rank, ru.ru_maxrss / 1024.0, mem.model_states() / kMiB,
-                           mem.params / kMiB, mem.grads / kMiB, mem.master / kMiB,
-                           mem.optimizer_state / kMiB, mem.staging / kMiB, gc.num_parameters())
+  std::cout << fmt::format(
+                   "rank {}: peak RSS {:.1f} MiB; model states {:.2f} MiB (params {:.2f}, "
+                   "grads {:.2f}, fp32 master {:.2f}, optimizer {:.2f}), gradient staging "
+                   "{:.2f} MiB; {} parameters",
+                   rank, ru.ru_maxrss / 1024.0, mem.model_states() / kMiB, mem.params / kMiB,
+                   mem.grads / kMiB, mem.master / kMiB, mem.optimizer_state / kMiB,
+                   mem.staging / kMiB, gc.num_parameters())
             << std::endl;
   if (engine.skipped_steps() > 0 && rank == 0) {
-    std::cout << fmt::format("fp16: {} of {} steps skipped for gradient overflow; final loss scale {}",
-                             engine.skipped_steps(), a.steps, engine.loss_scale())
+    std::cout << fmt::format(
+                     "fp16: {} of {} steps skipped for gradient overflow; final loss scale {}",
+                     engine.skipped_steps(), a.steps, engine.loss_scale())
               << std::endl;
   }
   if (rank == 0) {
-    std::cout << fmt::format("throughput: {:.1f} tokens/s over steps {}..{} (after {} warm-up steps)",
-                             (a.steps - warmup_steps) * engine.train_batch_size() * a.block_size / steady_s,
-                             warmup_steps + 1, a.steps, warmup_steps)
+    std::cout << fmt::format(
+                     "throughput: {:.1f} tokens/s over steps {}..{} (after {} warm-up steps)",
+                     (a.steps - first_step - warmup_steps) * engine.train_batch_size() *
+                         a.block_size / steady_s,
+                     first_step + warmup_steps + 1, a.steps, warmup_steps)
               << std::endl;
   }
   if (mem.gathered > 0) {
-    std::cout << fmt::format("rank {}: ZeRO stage 3 held at most {:.2f} MiB of gathered unit "
-                             "parameters at once", rank, mem.gathered / kMiB)
+    std::cout << fmt::format(
+                     "rank {}: ZeRO stage 3 held at most {:.2f} MiB of gathered unit "
+                     "parameters at once",
+                     rank, mem.gathered / kMiB)
               << std::endl;
   }
   {
@@ -233,12 +339,14 @@ int train_main(int argc, char** argv) {
     if (rank == 0 && task) {
       auto held_out = data::ReverseTask(task->options().held_out_set(a.eval_problems));
       auto acc = data::accuracy(*model, held_out, a.eval_problems);
-      std::cout << fmt::format("held-out accuracy: {:.2f}% of answer tokens, {:.2f}% of whole "
-                               "answers ({} problems)",
-                               100 * acc.token_accuracy, 100 * acc.sequence_accuracy, acc.problems)
+      std::cout << fmt::format(
+                       "held-out accuracy: {:.2f}% of answer tokens, {:.2f}% of whole "
+                       "answers ({} problems)",
+                       100 * acc.token_accuracy, 100 * acc.sequence_accuracy, acc.problems)
                 << std::endl;
     }
-    if (rank == 0 && !a.save_final.empty()) safetensors::save(*model, a.save_final, gc.to_metadata());
+    if (rank == 0 && !a.save_final.empty())
+      safetensors::save(*model, a.save_final, gc.to_metadata());
   }
   comm->barrier()->wait();
   return 0;

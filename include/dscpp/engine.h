@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,9 @@ namespace dscpp {
 
 namespace engine {
 class EngineImpl;
+}
+namespace io {
+class FileSystem;
 }
 
 struct InitOptions {
@@ -50,18 +54,44 @@ struct InitOptions {
   // zero_optimization.leaf_module added. Both empty: the whole model is one unit. Every pattern
   // must match a module. Ignored below stage 3.
   zero::UnitPolicy zero_units;
+  // The file system save_checkpoint / load_checkpoint go through (tests inject faults); null:
+  // the POSIX one. Not owned; must outlive the engine.
+  io::FileSystem* file_system = nullptr;
+};
+
+// DeepSpeed's load_checkpoint options (docs/checkpoint.md).
+struct LoadOptions {
+  // Restore the optimizer state (Adam's moments, ...). false: it starts from zero, as a fresh
+  // optimizer's; the fp32 values are loaded either way.
+  bool load_optimizer_states = true;
+  // Restore the LR schedule's position. false: the schedule starts over.
+  bool load_lr_scheduler_states = true;
+  // Only the model's values: no optimizer state, schedule, loss scaler, counters or RNG.
+  bool load_module_only = false;
+  // Every trainable parameter, frozen parameter and buffer must be in the checkpoint and every
+  // one of the checkpoint's in the model (all differences listed at once). false: parameters
+  // the checkpoint lacks keep their values and its extra ones are ignored. A shape mismatch is
+  // an error either way.
+  bool load_module_strict = true;
+};
+
+// What load_checkpoint() returns: the folder it loaded (DIR/TAG) and the client_state given to
+// that save_checkpoint().
+struct LoadResult {
+  std::string path;
+  nlohmann::json client_state = nlohmann::json::object();
 };
 
 // What happened at the last applied optimizer step (the GAS boundary).
 struct StepStats {
-  int64_t step = 0;        // global_steps() after the step
-  double loss = 0;         // mean of the micro-batch losses over the global batch
-  double lr = 0;           // the learning rate the step used
-  double grad_norm = 0;    // global L2 norm of the averaged gradient, before clipping
+  int64_t step = 0;      // global_steps() after the step
+  double loss = 0;       // mean of the micro-batch losses over the global batch
+  double lr = 0;         // the learning rate the step used
+  double grad_norm = 0;  // global L2 norm of the averaged gradient, before clipping
   double samples_per_s = 0;
-  double seconds = 0;      // wall time of this optimizer step's window (all its micro-steps)
-  double loss_scale = 1;   // fp16: the loss scale the window's backward passes used
-  bool skipped = false;    // fp16: the gradients overflowed and the update was skipped
+  double seconds = 0;     // wall time of this optimizer step's window (all its micro-steps)
+  double loss_scale = 1;  // fp16: the loss scale the window's backward passes used
+  bool skipped = false;   // fp16: the gradients overflowed and the update was skipped
 };
 
 // The engine's own accounting of what it holds on this rank, in bytes (ZeRO's model states and
@@ -123,6 +153,23 @@ class Engine {
     Engine& engine_;
   };
   NoSync no_sync() { return NoSync(*this); }
+
+  // Saves a checkpoint (docs/checkpoint.md) under DIR/TAG (empty tag: "global_step<N>") and
+  // then points DIR/latest at it; a collective, on every rank between optimizer steps (not in
+  // the middle of a gradient-accumulation window: refused). Every rank writes its slice of the
+  // fp32 values and optimizer state in parallel; rank 0 writes the manifest last, once every
+  // rank's file is durable. `client_state` (a JSON object) comes back from load_checkpoint().
+  // Throws CheckpointError or IoError naming the path on every rank when any rank fails;
+  // `latest` then still names the previous complete checkpoint. Returns DIR/TAG.
+  std::string save_checkpoint(const std::string& dir, const std::string& tag = "",
+                              const nlohmann::json& client_state = nlohmann::json::object());
+  // Loads the checkpoint DIR/TAG (empty tag: the one DIR/latest names), saved at any world
+  // size and ZeRO stage: each rank reads only the byte ranges it now holds. A collective. Every
+  // file's size and CRC-32C are checked first; a damaged, torn or mismatched checkpoint is a
+  // CheckpointError naming the path and every problem, with nothing loaded, and never a
+  // fallback to another tag.
+  LoadResult load_checkpoint(const std::string& dir, const std::string& tag = "",
+                             const LoadOptions& options = {});
 
   // Bytes this rank holds for the model states (see MemoryStats).
   MemoryStats memory_stats();

@@ -96,9 +96,12 @@ class Reader {
   const std::map<std::string, std::string>& metadata() const;
   // The tensors' names and shapes, in file order.
   std::vector<std::pair<std::string, std::vector<int64_t>>> shapes() const;
+  // The dtype tensor `name` is stored in. Throws IoError for an unknown name.
+  at::ScalarType dtype(const std::string& name) const;
   // Reads elements [offset, offset + dst.numel()) of tensor `name` (in row-major order) into
-  // `dst` (contiguous, any dtype and device: converted). Throws IoError for an unknown name or a
-  // range outside the tensor.
+  // `dst` (contiguous, any dtype and device: converted through a buffer of at most 16 MiB; a
+  // CPU tensor of the stored dtype is read into directly). Throws IoError for an unknown name or
+  // a range outside the tensor.
   void read(const std::string& name, int64_t offset, at::Tensor dst);
   // Bytes of tensor data read so far.
   uint64_t bytes_read() const { return bytes_read_; }

@@ -87,6 +87,8 @@ std::string slice_tensor_name(const std::string& group, const std::string& state
   return group + "/" + state;
 }
 
+std::string replicated_tensor_name(const std::string& name) { return "module/" + name; }
+
 std::string Manifest::to_json() const {
   nlohmann::json j;
   j["format"] = kFormatName;
@@ -109,6 +111,9 @@ std::string Manifest::to_json() const {
         {{"path", f.path}, {"rank", f.rank}, {"bytes", f.bytes}, {"crc32c", crc32c_hex(f.crc32c)}});
   }
   j["files"] = fs;
+  nlohmann::json rs = nlohmann::json::array();
+  for (const auto& r : replicated) rs.push_back({{"name", r.name}, {"shape", r.shape}});
+  j["replicated"] = rs;
   j["counters"] = counters;
   j["lr_scheduler"] = lr_scheduler;
   j["loss_scaler"] = loss_scaler;
@@ -222,6 +227,25 @@ Manifest Manifest::parse(const std::string& text, const std::string& source) {
       f.fail(where + ".crc32c", "must be 8 lowercase hex digits, got \"" + crc + "\"");
     e.crc32c = static_cast<uint32_t>(std::stoul(crc, nullptr, 16));
     m.files.push_back(std::move(e));
+  }
+  if (j.contains("replicated")) {
+    const nlohmann::json& rs = j.at("replicated");
+    if (!rs.is_array()) f.fail("replicated", "must be an array");
+    std::set<std::string> seen;
+    for (size_t i = 0; i < rs.size(); ++i) {
+      const std::string where = "replicated[" + std::to_string(i) + "]";
+      ReplicatedEntry r;
+      r.name = f.get<std::string>(rs[i], "name", where);
+      if (r.name.empty() || !seen.insert(r.name).second)
+        f.fail(where, "name '" + r.name + "' is empty or appears twice");
+      const nlohmann::json& shape = f.at(rs[i], "shape", where);
+      if (!shape.is_array()) f.fail(where + ".shape", "must be an array");
+      for (size_t d = 0; d < shape.size(); ++d) {
+        r.shape.push_back(f.integer(shape[d], where + ".shape[" + std::to_string(d) + "]", 0,
+                                    std::numeric_limits<int32_t>::max()));
+      }
+      m.replicated.push_back(std::move(r));
+    }
   }
   m.counters = f.object(j, "counters");
   m.lr_scheduler = f.object(j, "lr_scheduler");

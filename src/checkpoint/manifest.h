@@ -42,6 +42,13 @@ struct FileEntry {
   uint32_t crc32c = 0;
 };
 
+// A frozen parameter or buffer of the module: whole, in rank 0's file as "module/<name>", in the
+// dtype the model held it (replicated_tensor_name).
+struct ReplicatedEntry {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
 struct Manifest {
   std::string tag;
   int world_size = 1;  // what it was saved with
@@ -51,6 +58,7 @@ struct Manifest {
   std::vector<Group> groups;
   std::vector<std::string> states;  // per-element states in each rank file: "fp32", "exp_avg", ...
   std::vector<FileEntry> files;     // one per rank, in rank order
+  std::vector<ReplicatedEntry> replicated;
   // Small state, kept as JSON: counters, LR schedule, loss scaler, RNG, data position, the
   // user's client_state, the resolved config.
   nlohmann::json counters = nlohmann::json::object();
@@ -82,6 +90,9 @@ std::string rank_file_name(int rank, int world_size);
 
 // The tensor that holds `state` of group `group` in every rank file: "<group>/<state>".
 std::string slice_tensor_name(const std::string& group, const std::string& state);
+
+// The tensor that holds frozen parameter or buffer `name` in rank 0's file: "module/<name>".
+std::string replicated_tensor_name(const std::string& name);
 
 // One contiguous read: `numel` elements starting at element `position` of a state's slice in
 // `rank`'s file, landing at element `dst` of the requested range.

@@ -13,15 +13,28 @@ void check_tag(const std::string& tag) {
               "' cannot name a folder beside 'latest' (no '/', not 'latest', no leading '.')");
 }
 
-std::string begin_save(const std::string& dir, const std::string& tag, io::FileSystem* fsp) {
+SaveFolder begin_save(const std::string& dir, const std::string& tag, io::FileSystem* fsp) {
   io::FileSystem& fs = io::resolve(fsp);
   check_tag(tag);
-  const std::string folder = dir + "/" + tag;
-  DSCPP_CHECK(!fs.exists(folder + "/manifest.json"), CheckpointError, "'", folder,
-              "' already holds a complete checkpoint; saving over it would leave no whole copy "
-              "if the save failed. HINT: save under another tag, or remove that folder first");
-  fs.create_dirs(folder);
-  return folder;
+  SaveFolder out{dir + "/" + tag, false};
+  const std::string manifest = out.path + "/manifest.json";
+  if (fs.exists(manifest)) {
+    std::string latest;
+    if (fs.exists(dir + "/latest")) {
+      auto f = fs.open_for_read(dir + "/latest");
+      latest.resize(f->size());
+      if (!latest.empty()) f->pread(0, latest.data(), latest.size());
+      latest = latest.substr(0, latest.find('\n'));
+    }
+    DSCPP_CHECK(latest != tag, CheckpointError, "'", out.path,
+                "' already holds a complete checkpoint, the one 'latest' names; saving over it "
+                "would leave no whole copy if the save failed. HINT: save under another tag");
+    fs.remove_file(manifest);  // un-published first: a crash now leaves an unfinished folder
+    fs.sync_dir(out.path);
+    out.replaced = true;
+  }
+  fs.create_dirs(out.path);
+  return out;
 }
 
 void publish(const std::string& dir, const Manifest& m, io::FileSystem* fsp) {

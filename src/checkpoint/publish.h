@@ -18,12 +18,21 @@ namespace dscpp::checkpoint {
 // CheckpointError saying which rule it breaks.
 void check_tag(const std::string& tag);
 
-// Prepares DIR/TAG for a save and returns its path: checks the tag, refuses a tag whose folder
-// already holds a complete checkpoint (DeepSpeed overwrites it in place, which is how a crash
-// during save destroys the only copy), and creates the folder. Throws CheckpointError, or IoError
-// naming the path when the folder cannot be made.
-std::string begin_save(const std::string& dir, const std::string& tag,
-                       io::FileSystem* fs = nullptr);
+// Where a save writes, and whether it replaces a complete checkpoint.
+struct SaveFolder {
+  std::string path;       // DIR/TAG
+  bool replaced = false;  // TAG held a complete checkpoint that `latest` does not name
+};
+
+// Prepares DIR/TAG for a save: checks the tag, refuses the tag `latest` names when its folder
+// holds a complete checkpoint (DeepSpeed overwrites it in place, which is how a crash during save
+// destroys the only copy), and creates the folder. A complete checkpoint under a tag `latest`
+// does not name (a save whose update of `latest` a crash cut off, which a resumed run then saves
+// again; or an earlier run's) is replaced: its manifest is removed first (and the directory
+// synced), so a crash while writing leaves an unfinished folder, never a manifest over other
+// files. Every rank may call it at once. Throws CheckpointError, or IoError naming the path when
+// the folder cannot be made.
+SaveFolder begin_save(const std::string& dir, const std::string& tag, io::FileSystem* fs = nullptr);
 
 // Completes a save once every file `m` lists is durable: writes DIR/TAG/manifest.json, then
 // replaces DIR/latest with the tag, each atomically (temporary file, fsync, rename, directory

@@ -2,4 +2,5 @@
 target_sources(dscpp PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/publish.cpp
   ${CMAKE_CURRENT_LIST_DIR}/verify.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/consolidate.cpp
 )

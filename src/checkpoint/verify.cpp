@@ -68,22 +68,43 @@ std::pair<uint64_t, uint32_t> checksum_file(const std::string& path, io::FileSys
   return {size, crc};
 }
 
-void verify_files(const std::string& dir, const Manifest& m, io::FileSystem* fsp) {
+const char* FileCheck::describe(Problem p) {
+  switch (p) {
+    case Problem::none:
+      return "whole";
+    case Problem::missing:
+      return "missing";
+    case Problem::wrong_size:
+      return "not of the size the manifest says (torn or truncated)";
+    case Problem::wrong_crc:
+      return "CRC-32C differs from the manifest's (corrupted)";
+  }
+  return "?";
+}
+
+FileCheck check_file(const std::string& dir, const Manifest& m, size_t index, io::FileSystem* fsp) {
+  using P = FileCheck::Problem;
   io::FileSystem& fs = io::resolve(fsp);
+  const FileEntry& f = m.files.at(index);
+  const std::string path = dir + "/" + m.tag + "/" + f.path;
+  if (!fs.exists(path)) return {P::missing, "missing"};
+  if (uint64_t size = fs.file_size(path); size != f.bytes) {
+    return {P::wrong_size, std::to_string(size) + " bytes, the manifest says " +
+                               std::to_string(f.bytes) + " (torn or truncated)"};
+  }
+  if (uint32_t crc = checksum_file(path, &fs).second; crc != f.crc32c) {
+    return {P::wrong_crc, "CRC-32C " + crc32c_hex(crc) + ", the manifest says " +
+                              crc32c_hex(f.crc32c) + " (corrupted)"};
+  }
+  return {};
+}
+
+void verify_files(const std::string& dir, const Manifest& m, io::FileSystem* fs) {
   std::string problems;
-  for (const auto& f : m.files) {
-    const std::string path = dir + "/" + m.tag + "/" + f.path;
-    std::string problem;
-    if (!fs.exists(path)) {
-      problem = "missing";
-    } else if (uint64_t size = fs.file_size(path); size != f.bytes) {
-      problem = std::to_string(size) + " bytes, the manifest says " + std::to_string(f.bytes) +
-                " (torn or truncated)";
-    } else if (uint32_t crc = checksum_file(path, &fs).second; crc != f.crc32c) {
-      problem = "CRC-32C " + crc32c_hex(crc) + ", the manifest says " + crc32c_hex(f.crc32c) +
-                " (corrupted)";
-    }
-    if (!problem.empty()) problems += "\n  " + path + ": " + problem;
+  for (size_t i = 0; i < m.files.size(); ++i) {
+    FileCheck c = check_file(dir, m, i, fs);
+    if (c.problem != FileCheck::Problem::none)
+      problems += "\n  " + dir + "/" + m.tag + "/" + m.files[i].path + ": " + c.detail;
   }
   DSCPP_CHECK(problems.empty(), CheckpointError, "checkpoint '", dir, "/", m.tag,
               "' is damaged; nothing was loaded:", problems);

@@ -4,6 +4,7 @@
 // offline. All access goes through io::FileSystem.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -29,6 +30,20 @@ Manifest read_manifest(const std::string& dir, const std::string& tag,
 
 // The size and CRC-32C of a file, read in 4 MiB pieces. Throws IoError naming it.
 std::pair<uint64_t, uint32_t> checksum_file(const std::string& path, io::FileSystem* fs = nullptr);
+
+// What a file's check found: whole, or what is wrong with it and the details.
+struct FileCheck {
+  enum class Problem { none, missing, wrong_size, wrong_crc };
+  Problem problem = Problem::none;
+  std::string detail;  // "missing", "12 bytes, the manifest says 16 (torn or truncated)", ...
+  // The problem in words without the details (what another rank can be told).
+  static const char* describe(Problem p);
+};
+
+// Checks file `index` of `m` in DIR/TAG against the manifest: present, of its size, with its
+// CRC-32C. Reads the whole file.
+FileCheck check_file(const std::string& dir, const Manifest& m, size_t index,
+                     io::FileSystem* fs = nullptr);
 
 // Checks every file `m` lists in DIR/TAG: present, of its size, with its CRC-32C. Throws
 // CheckpointError naming the tag and every file that fails, with what was expected and found.

@@ -95,17 +95,20 @@ std::vector<std::string> check_supported(const Config& c, const SupportContext& 
     warnings.push_back("activation_checkpointing.profile is not implemented: nothing is timed");
   }
 
-  // ----- checkpoints: not written or read by this dscpp yet
+  // ----- checkpoints: tag_validation is honoured (save_checkpoint); the rest is refused
   const auto& ck = c.checkpoint;
-  auto ck_refused = [&](bool set, const std::string& key) {
-    DSCPP_CHECK(!set, ConfigError, "checkpoint.", key,
-                " is not implemented: this dscpp does "
-                "not save or load checkpoints yet. HINT: remove it from the config");
-  };
-  ck_refused(ck.tag_validation != "Warn", "tag_validation \"" + ck.tag_validation + "\"");
-  ck_refused(ck.load_universal, "load_universal");
-  ck_refused(ck.use_node_local_storage, "use_node_local_storage");
-  ck_refused(ck.parallel_write.pipeline_stage, "parallel_write.pipeline_stage");
+  DSCPP_CHECK(
+      !ck.load_universal, ConfigError,
+      "checkpoint.load_universal is not implemented: it loads DeepSpeed's universal "
+      "checkpoints (ds_to_universal), which dscpp cannot read; dscpp's own checkpoints load "
+      "at any world size and ZeRO stage without it. HINT: remove it from the config");
+  DSCPP_CHECK(!ck.use_node_local_storage, ConfigError,
+              "checkpoint.use_node_local_storage is not implemented: every rank writes its file "
+              "into the one checkpoint folder, which must be visible to all ranks. HINT: remove it "
+              "and save to a shared file system");
+  DSCPP_CHECK(!ck.parallel_write.pipeline_stage, ConfigError,
+              "checkpoint.parallel_write.pipeline_stage is not implemented: dscpp has no pipeline "
+              "parallelism (every rank already writes its own slice in parallel). HINT: remove it");
 
   // ----- observers: accepted, said once
   auto observer = [&](bool enabled, const std::string& what) {

@@ -14,6 +14,14 @@ Engine::~Engine() = default;
 void Engine::backward(const at::Tensor& loss) { impl_->backward(loss); }
 void Engine::step() { impl_->step(); }
 void Engine::flush_accumulation() { impl_->flush_accumulation(); }
+std::string Engine::save_checkpoint(const std::string& dir, const std::string& tag,
+                                    const nlohmann::json& client_state) {
+  return impl_->save_checkpoint(dir, tag, client_state);
+}
+LoadResult Engine::load_checkpoint(const std::string& dir, const std::string& tag,
+                                   const LoadOptions& options) {
+  return impl_->load_checkpoint(dir, tag, options);
+}
 MemoryStats Engine::memory_stats() { return impl_->memory_stats(); }
 int64_t Engine::skipped_steps() const { return impl_->skipped_steps_; }
 double Engine::loss_scale() const { return impl_->loss_scale(); }
@@ -22,7 +30,7 @@ bool Engine::is_gradient_accumulation_boundary() const {
 }
 int64_t Engine::global_steps() const { return impl_->global_steps_; }
 int64_t Engine::micro_steps() const { return impl_->micro_steps_; }
-int64_t Engine::global_samples() const { return impl_->global_steps_ * impl_->train_batch_size(); }
+int64_t Engine::global_samples() const { return impl_->global_samples_; }
 double Engine::get_lr() const { return impl_->get_lr(); }
 int Engine::train_batch_size() const { return impl_->train_batch_size(); }
 int Engine::train_micro_batch_size_per_gpu() const {

@@ -3,6 +3,7 @@
 //               the parameters for the ZeRO stage, start every rank from rank 0's weights, build
 //               the optimizer and LR schedule)
 //   step.cpp    backward(), step(), flush_accumulation(): the step's order of events
+//   checkpoint.cpp  save_checkpoint(), load_checkpoint() (docs/checkpoint.md)
 // The ZeRO stage itself is a zero::Strategy (src/zero/strategy.h); mixed precision's master
 // weights and loss scaler live in src/precision/.
 #pragma once
@@ -10,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -33,6 +35,10 @@ class EngineImpl {
   void enter_no_sync();
   void leave_no_sync() { --no_sync_depth_; }
   MemoryStats memory_stats();
+  std::string save_checkpoint(const std::string& dir, const std::string& tag,
+                              const nlohmann::json& client_state);
+  LoadResult load_checkpoint(const std::string& dir, const std::string& tag,
+                             const LoadOptions& options);
   bool is_gradient_accumulation_boundary() const;
   double get_lr() const;
   double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
@@ -45,6 +51,7 @@ class EngineImpl {
   int64_t micro_steps_ = 0;
   int64_t global_steps_ = 0;
   int64_t skipped_steps_ = 0;
+  int64_t global_samples_ = 0;
   int64_t tokens_per_sample_ = 0;
   StepStats last_step_;
 
@@ -88,13 +95,29 @@ class EngineImpl {
   void write_side_channel();
   void log_step() const;
 
+  // ----- checkpoints (checkpoint.cpp)
+  // Throws CheckpointError unless the engine is between optimizer steps and its state is
+  // dscpp's own (no client optimizer or LR scheduler); `what` names the call.
+  void check_checkpointable(const char* what) const;
+  // Rank 0's tag, and whether every rank gave the same one (checkpoint.tag_validation).
+  std::string agree_on_tag(const std::string& tag);
+  // What this rank's file holds: its slice of every group's fp32 values and optimizer states,
+  // its RNG states, and on rank 0 the frozen parameters and buffers.
+  std::vector<std::pair<std::string, at::Tensor>> checkpoint_tensors();
+  // The fp32 values of elements [offset, offset + n) of this rank's part.
+  at::Tensor part_values(const std::vector<zero::Part>& parts, int64_t offset, int64_t n) const;
+  // Runs `fn` on this rank, then every rank learns whether it failed on any: the failing rank
+  // rethrows its own error, the others throw CheckpointError naming it. `what` says what failed.
+  void on_every_rank(const std::string& what, const std::function<void()>& fn);
+
   std::unique_ptr<zero::Strategy> strategy_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<LRSchedule> lr_schedule_;
   std::shared_ptr<torch::optim::Optimizer> client_optimizer_;
   std::shared_ptr<torch::optim::LRScheduler> client_lr_scheduler_;
   zero::UnitPolicy zero_units_;
-  at::ScalarType dtype_ = at::kFloat;  // training dtype of parameters and gradients
+  io::FileSystem* file_system_ = nullptr;  // checkpoints' file access; null: POSIX
+  at::ScalarType dtype_ = at::kFloat;      // training dtype of parameters and gradients
   // fp32 weights the optimizer updates under mixed precision (this rank's part); null in fp32,
   // where the parameters themselves are.
   std::unique_ptr<precision::MasterWeights> master_;

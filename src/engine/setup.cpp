@@ -19,7 +19,8 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> model, Config config, 
       comm_(options.comm),
       client_optimizer_(std::move(options.optimizer)),
       client_lr_scheduler_(std::move(options.lr_scheduler)),
-      zero_units_(std::move(options.zero_units)) {
+      zero_units_(std::move(options.zero_units)),
+      file_system_(options.file_system) {
   DSCPP_CHECK(model_, ConfigError, "initialize() was given a null model");
   SupportContext support{client_optimizer_ != nullptr, client_lr_scheduler_ != nullptr};
   std::vector<std::string> ignored = check_supported(config_, support);

@@ -313,6 +313,7 @@ void EngineImpl::apply_step() {
   t_optimizer_ += seconds_since(t_opt);
 
   ++global_steps_;
+  global_samples_ += train_batch_size();
   double window_s = seconds_since(window_start_);
   last_step_ = StepStats{
       global_steps_, loss,       lr,   grad_norm, window_s > 0 ? train_batch_size() / window_s : 0,
@@ -361,6 +362,7 @@ void EngineImpl::skip_step(double loss, double lr) {
   abandon_window();
   ++skipped_steps_;
   ++global_steps_;
+  global_samples_ += train_batch_size();
   scaler_->update(/*overflow=*/true);  // throws at the minimum scale
   double window_s = seconds_since(window_start_);
   last_step_ = StepStats{global_steps_, loss, lr, std::nan(""), 0, window_s, used, true};

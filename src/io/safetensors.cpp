@@ -374,12 +374,30 @@ void Reader::read(const std::string& name, int64_t offset, at::Tensor dst) {
   DSCPP_CHECK(offset >= 0 && offset + count <= numel, IoError, "'", impl_->path, "': elements [",
               offset, ", ", offset + count, ") of tensor '", name, "' lie outside its ", numel);
   if (count == 0) return;
-  at::Tensor buf = at::empty({count}, at::TensorOptions().dtype(e.type));
-  impl_->f.file->pread(impl_->f.data_start + e.begin + offset * item, buf.data_ptr(),
-                       static_cast<size_t>(count * item));
+  const uint64_t at = impl_->f.data_start + e.begin + offset * item;
   bytes_read_ += static_cast<uint64_t>(count * item);
+  if (dst.is_contiguous() && dst.device().is_cpu() && dst.scalar_type() == e.type) {
+    impl_->f.file->pread(at, dst.data_ptr(), static_cast<size_t>(count * item));  // no copy
+    return;
+  }
+  // Converted through one buffer of at most kReadPiece bytes.
+  constexpr int64_t kReadPiece = int64_t{16} << 20;
+  const int64_t piece = std::max<int64_t>(1, std::min(count, kReadPiece / item));
+  at::Tensor buf = at::empty({piece}, at::TensorOptions().dtype(e.type));
+  at::Tensor flat = dst.view({-1});
   at::NoGradGuard no_grad;
-  dst.copy_(buf.view(dst.sizes()));
+  for (int64_t i = 0; i < count; i += piece) {
+    const int64_t n = std::min(piece, count - i);
+    impl_->f.file->pread(at + i * item, buf.data_ptr(), static_cast<size_t>(n * item));
+    flat.narrow(0, i, n).copy_(buf.narrow(0, 0, n));
+  }
+}
+
+at::ScalarType Reader::dtype(const std::string& name) const {
+  auto it = impl_->by_name.find(name);
+  DSCPP_CHECK(it != impl_->by_name.end(), IoError, "'", impl_->path, "' has no tensor '", name,
+              "'");
+  return it->second->type;
 }
 
 void check_matches(const std::vector<std::pair<std::string, std::vector<int64_t>>>& wanted,

@@ -8,6 +8,7 @@
 
 #include "dscpp/error.h"
 #include "util/memory.h"
+#include "zero/strategy.h"
 
 namespace dscpp::zero {
 
@@ -20,6 +21,19 @@ FlatLayout FlatLayout::of(const std::vector<at::Tensor>& params, int world) {
   l.padded = (l.numel + world - 1) / world * world;
   l.shard = l.padded / world;
   return l;
+}
+
+CheckpointGroup checkpoint_group(std::string name, const NamedParams& np, const FlatLayout& layout,
+                                 int64_t begin, int64_t length, int64_t part_offset) {
+  CheckpointGroup g;
+  g.name = std::move(name);
+  g.names = np.names;
+  for (const auto& p : np.params) g.shapes.push_back(p.sizes().vec());
+  g.layout = layout;
+  g.begin = begin;
+  g.length = length;
+  g.part_offset = part_offset;
+  return g;
 }
 
 NamedParams trainable_parameters(torch::nn::Module& model) {

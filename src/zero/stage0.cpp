@@ -14,6 +14,7 @@ class Stage0 final : public Strategy {
   Stage0(NamedParams np, const FlatLayout& layout, comm::Communicator& comm,
          const StrategyOptions& options, const FlattenTap& tap)
       : layout_(layout),
+        group_(checkpoint_group("model", np, layout, 0, layout.numel, 0)),
         flat_(flatten_parameters(np.params, np.names, layout, options.reduce.dtype, tap)),
         reducer_(std::move(np.params), std::move(np.names), layout.segments, layout.padded, comm,
                  options.reduce, options.side_channel) {}
@@ -37,10 +38,12 @@ class Stage0 final : public Strategy {
     return {Part{flat_params(), reducer_.grads().narrow(0, 0, layout_.numel), 0}};
   }
   void publish_params() override {}  // every rank updated everything
+  std::vector<CheckpointGroup> checkpoint_groups() const override { return {group_}; }
   int64_t param_bytes() const override { return static_cast<int64_t>(flat_.nbytes()); }
 
  private:
   FlatLayout layout_;
+  CheckpointGroup group_;
   at::Tensor flat_;  // [padded] the parameters' storage
   AllReduceReducer reducer_;
 };

@@ -21,6 +21,8 @@ class Stage1And2 final : public Strategy {
              const StrategyOptions& options, const FlattenTap& tap)
       : layout_(layout),
         comm_(comm),
+        group_(checkpoint_group("model", np, layout, layout.shard_offset(comm.rank()), layout.shard,
+                                0)),
         allgather_bucket_size_(options.allgather_bucket_size),
         flat_(flatten_parameters(np.params, np.names, layout, options.reduce.dtype, tap)) {
     if (options.stage == 1) {
@@ -61,10 +63,12 @@ class Stage1And2 final : public Strategy {
     gather_in_place(comm_, flat_, layout_.shard, allgather_bucket_size_);
   }
   int64_t param_bytes() const override { return static_cast<int64_t>(flat_.nbytes()); }
+  std::vector<CheckpointGroup> checkpoint_groups() const override { return {group_}; }
 
  private:
   FlatLayout layout_;
   comm::Communicator& comm_;
+  CheckpointGroup group_;
   int64_t allgather_bucket_size_;
   at::Tensor flat_;        // [padded] the parameters' storage
   at::Tensor grad_shard_;  // [shard] this rank's averaged gradient

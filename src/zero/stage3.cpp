@@ -112,6 +112,7 @@ Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& com
   tap_ = make_tap ? make_tap(part_numel_) : PartTap();
   const PartTap& tap = tap_;
   resident_params_ = resident.params;
+  resident_names_ = resident.names;
 
   // The resident group: whole on every rank (stage 2's path), first in the flat space.
   if (resident.params.empty()) {
@@ -753,6 +754,29 @@ void Stage3::publish_params() {
     fetcher_.gather(units_[0].storage);
     fetcher_.wait(units_[0].storage);
   }
+}
+
+std::vector<CheckpointGroup> Stage3::checkpoint_groups() const {
+  const int rank = comm_.rank();
+  std::vector<CheckpointGroup> out;
+  if (resident_layout_.numel > 0) {
+    out.push_back(checkpoint_group("resident", NamedParams{resident_params_, resident_names_},
+                                   resident_layout_, resident_layout_.shard_offset(rank),
+                                   resident_layout_.shard, 0));
+  }
+  for (const Unit& u : units_) {
+    if (u.layout.numel == 0) continue;  // every parameter of it is resident
+    CheckpointGroup g;
+    g.name = "unit:" + u.storage.name;
+    g.names = u.names;
+    g.shapes = u.shapes;
+    g.layout = u.layout;
+    g.begin = u.layout.shard_offset(rank);
+    g.length = u.layout.shard;
+    g.part_offset = u.part_offset;
+    out.push_back(std::move(g));
+  }
+  return out;
 }
 
 int64_t Stage3::param_bytes() const {

@@ -88,6 +88,7 @@ class Stage3 final : public Strategy {
   void before_update() override;
   void publish_params() override;
   int64_t param_bytes() const override;
+  std::vector<CheckpointGroup> checkpoint_groups() const override;
   int64_t gathered_peak_bytes() const override { return fetcher_.peak_live_bytes(); }
   FetchStats take_fetch_stats() override;
 
@@ -179,6 +180,7 @@ class Stage3 final : public Strategy {
   torch::nn::Module* model_ = nullptr;
   PartTap tap_;  // mixed precision: the master weights take written-back values through it
   std::vector<at::Tensor> resident_params_;
+  std::vector<std::string> resident_names_;
   // Open GatheredParameters scopes, innermost last: the units each gathered (-1: the resident
   // group) and its modifier rank.
   struct Scope {

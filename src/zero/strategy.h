@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -33,6 +34,22 @@ struct StrategyOptions {
   int64_t allgather_bucket_size = 0;  // stages 1-2, already capped
   int64_t side_channel = 0;           // stage 0 fp32: statistics elements (NOTE [side channel])
 };
+
+// NOTE [checkpoint groups]: what a checkpoint records of this rank's part, one entry per flat
+// group (stages 0-2: "model"; stage 3: "resident" and "unit:<path>" per unit). Elements [begin,
+// begin + length) of the group's flat buffer lie at [part_offset, part_offset + length) of the
+// optimizer's buffer (this rank's part: the fp32 values and every optimizer state). Stage 0 holds
+// the whole group, [0, numel); stages 1-3 exactly this rank's shard [r * S, (r + 1) * S).
+struct CheckpointGroup {
+  std::string name;
+  std::vector<std::string> names;  // the group's parameters in buffer order
+  std::vector<std::vector<int64_t>> shapes;
+  FlatLayout layout;  // at this world size
+  int64_t begin = 0, length = 0, part_offset = 0;
+};
+// The group of `np` laid out by `layout`, held in the part as described above.
+CheckpointGroup checkpoint_group(std::string name, const NamedParams& np, const FlatLayout& layout,
+                                 int64_t begin, int64_t length, int64_t part_offset);
 
 // A contiguous piece of what this rank updates: params [n] in the training dtype, the averaged
 // gradient [n] in the training dtype, and where the piece starts in the optimizer's buffer.
@@ -81,6 +98,8 @@ class Strategy {
   virtual void before_update() {}
   virtual std::vector<Part> parts() = 0;
   virtual void publish_params() = 0;
+  // What a checkpoint records of the part (NOTE [checkpoint groups]), in part order.
+  virtual std::vector<CheckpointGroup> checkpoint_groups() const = 0;
 
   // Bytes held for the parameters, the gradients between steps and the staging buffers.
   virtual int64_t param_bytes() const = 0;

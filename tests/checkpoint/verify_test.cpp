@@ -35,7 +35,7 @@ using testing::error_of;
 // `publish_fs` (manifest, then latest).
 Manifest write_checkpoint(const std::string& dir, const std::string& tag, int world,
                           io::FileSystem* rank_fs = nullptr, io::FileSystem* publish_fs = nullptr) {
-  const std::string folder = begin_save(dir, tag, publish_fs);
+  const std::string folder = begin_save(dir, tag, publish_fs).path;
   Manifest m;
   m.tag = tag;
   m.world_size = world;
@@ -189,13 +189,22 @@ TEST(CheckpointPublish, AFailedSaveLeavesLatestOnTheWholePreviousCheckpoint) {
   EXPECT_EQ(verify(dir, "a").tag, "a");
 }
 
-TEST(CheckpointPublish, TagsAreFolderNamesAndACompleteOneIsNeverOverwritten) {
+TEST(CheckpointPublish, TagsAreFolderNamesAndTheCompleteOneLatestNamesIsNeverOverwritten) {
   testing::TempDir tmp("dscpp_ckpt");
   write_checkpoint(tmp.path(), "a", 1);
   EXPECT_NE(error_of<CheckpointError>([&] {
               begin_save(tmp.path(), "a");
-            }).find("already holds a complete checkpoint"),
+            }).find("already holds a complete checkpoint, the one 'latest' names"),
             std::string::npos);
+  // A complete tag that latest does not name is replaced: un-published first.
+  write_checkpoint(tmp.path(), "b", 1);
+  SaveFolder again = begin_save(tmp.path(), "a");
+  EXPECT_TRUE(again.replaced);
+  EXPECT_FALSE(std::filesystem::exists(tmp.path() + "/a/manifest.json"));
+  EXPECT_EQ(verify(tmp.path()).tag, "b");
+  write_checkpoint(tmp.path(), "a", 1);
+  EXPECT_EQ(verify(tmp.path()).tag, "a");
+  EXPECT_FALSE(begin_save(tmp.path(), "c").replaced);
   for (const char* bad : {"", "x/y", "latest", ".hidden"}) {
     EXPECT_NE(error_of<CheckpointError>([&] { begin_save(tmp.path(), bad); }), "") << bad;
   }

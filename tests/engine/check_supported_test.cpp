@@ -62,7 +62,6 @@ TEST(CheckSupported, SettingsThatWouldChangeTrainingOrMemoryAreRefusedByName) {
            {R"(, "activation_checkpointing": {"synchronize_checkpoint_boundary": true})",
             "synchronize_checkpoint_boundary"},
            {R"(, "checkpoint": {"load_universal": true})", "checkpoint.load_universal"},
-           {R"(, "checkpoint": {"tag_validation": "Fail"})", "checkpoint.tag_validation"},
            {R"(, "checkpoint": {"use_node_local_storage": true})", "use_node_local_storage"},
        }) {
     std::string msg = refusal(c.extra);

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <regex>
 
 #include "support/temp_dir.h"
@@ -188,6 +189,69 @@ TEST(Train, Bf16TrainsAtEveryStageNearTheFp32Run) {
     EXPECT_LT(bf16.back(), bf16.front()) << "stage " << stage;
     for (int s = 0; s < steps; ++s) EXPECT_NEAR(bf16[s], fp32[s], 0.03 * fp32[s]) << "stage " << stage << " step " << s;
   }
+}
+
+// The main job stopped by SIGTERM at a random step (the launcher forwards it to the ranks, which
+// save at the next optimizer step and exit 0) and rerun with --resume ends with the same final
+// weights, bit for bit, as an uninterrupted run; its metrics continue the stopped run's.
+TEST(Train, StoppedBySigtermAndResumedEqualsAnUninterruptedRun) {
+  TempDir dir;
+  const int steps = 30;
+  write(dir.file("c.json"), config(8, 2, 2));  // 2 ranks x GAS 2, ZeRO stage 2
+  auto train = [&](const std::string& extra) {
+    return kCli + " launch --num_procs 2 --stop_grace 60 --master_port " + std::to_string(free_port()) + " " +
+           kCli + " train --config " + dir.file("c.json") + kModelArgs + " --steps " + std::to_string(steps) +
+           " " + extra;
+  };
+  auto straight = run_command(train("--metrics " + dir.file("a.jsonl") + " --save_final " + dir.file("a.safetensors")));
+  ASSERT_EQ(straight.status, 0) << straight.output;
+
+  const int stop_after = 3 + static_cast<int>(std::random_device{}() % 10);  // metrics lines seen
+  const std::string metrics = dir.file("b.jsonl");
+  auto stopped = run_command("(" + train("--save_dir " + dir.file("ckpt") + " --metrics " + metrics) +
+                             " & pid=$!; while [ \"$(cat " + metrics + " 2>/dev/null | wc -l)\" -lt " +
+                             std::to_string(stop_after) + " ]; do sleep 0.01; done; kill -TERM $pid; wait $pid)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(stopped.output, m, std::regex("stop requested \\(SIGTERM\\): saved checkpoint "
+                                                              "[^ ]+/global_step([0-9]+) after step")))
+      << "stopped after " << stop_after << " steps:\n" << stopped.output;
+  const int saved = std::stoi(m[1]);
+  EXPECT_GE(saved, stop_after);
+  EXPECT_LT(saved, steps) << "the run ended before the signal: no test of a stop";
+  EXPECT_EQ(losses_of(metrics).size(), static_cast<size_t>(saved));
+
+  auto resumed = run_command(train("--save_dir " + dir.file("ckpt") + " --resume --metrics " + metrics +
+                                   " --save_final " + dir.file("b.safetensors")));
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from " + dir.file("ckpt") + "/global_step" + std::to_string(saved)),
+            std::string::npos)
+      << resumed.output;
+  EXPECT_EQ(losses_of(metrics), losses_of(dir.file("a.jsonl")));
+  EXPECT_TRUE(at::equal(flat_weights(dir.file("b.safetensors")), flat_weights(dir.file("a.safetensors"))))
+      << "stopped at step " << saved;
+
+  // The last checkpoint (step 30), consolidated: the same weights under the same names.
+  auto z = run_command(kCli + " zero-to-fp32 " + dir.file("ckpt") + " " + dir.file("z.safetensors"));
+  ASSERT_EQ(z.status, 0) << z.output;
+  std::map<std::string, at::Tensor> want;
+  for (auto& [name, t] : safetensors::load(dir.file("a.safetensors")).tensors) want[name] = t;
+  auto got = safetensors::load(dir.file("z.safetensors")).tensors;
+  EXPECT_EQ(got.size(), want.size());
+  for (auto& [name, t] : got) {
+    ASSERT_TRUE(want.count(name)) << name;
+    EXPECT_TRUE(at::equal(t, want[name])) << name;
+  }
+  // PyTorch's twin module takes the file with load_state_dict(strict=True) and computes the
+  // same logits as from the uninterrupted run's weights.
+  safetensors::save(dir.file("tokens.safetensors"), {{"idx", at::arange(36, at::kLong).remainder(12).view({2, 18})}});
+  for (const char* w : {"a", "z"}) {
+    auto py = run_command(std::string("/usr/bin/python3 " DSCPP_SOURCE_DIR "/tests/golden/gpt_reference.py forward --n-head 2 --weights ") +
+                          dir.file(std::string(w) + ".safetensors") + " --tokens " + dir.file("tokens.safetensors") +
+                          " --out " + dir.file(std::string(w) + "_logits.safetensors"));
+    ASSERT_EQ(py.status, 0) << py.output;
+  }
+  EXPECT_TRUE(at::equal(safetensors::load(dir.file("a_logits.safetensors")).tensors[0].second,
+                        safetensors::load(dir.file("z_logits.safetensors")).tensors[0].second));
 }
 
 TEST(Train, BadInputIsAClearErrorAndNoRankIsLeftRunning) {

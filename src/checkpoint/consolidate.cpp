@@ -1,0 +1,44 @@
+// Implements consolidated fp32 weights (consolidate.h).
+#include "checkpoint/consolidate.h"
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <memory>
+
+namespace dscpp::checkpoint {
+
+safetensors::TensorList consolidate_fp32(const std::string& dir, const Manifest& m,
+                                         io::FileSystem* fs) {
+  std::map<int, std::unique_ptr<safetensors::Reader>> readers;
+  auto reader = [&](int rank) -> safetensors::Reader& {
+    auto& r = readers[rank];
+    if (!r)
+      r = std::make_unique<safetensors::Reader>(dir + "/" + m.tag + "/" + m.files.at(rank).path,
+                                                fs);
+    return *r;
+  };
+  safetensors::TensorList out;
+  for (const Group& g : m.groups) {
+    for (const ParamEntry& p : g.parameters) {
+      at::Tensor values = at::empty({p.numel()}, at::kFloat);
+      for (const SliceRead& r : reads_for(m, p.name, 0, p.numel())) {
+        reader(r.rank).read(slice_tensor_name(g.name, "fp32"), r.position,
+                            values.narrow(0, r.dst, r.numel));
+      }
+      out.emplace_back(p.name, values.view(p.shape));
+    }
+  }
+  if (!m.replicated.empty()) {
+    for (const ReplicatedEntry& e : m.replicated) {
+      // In the dtype it was saved in, then floating point as fp32.
+      const std::string name = replicated_tensor_name(e.name);
+      at::Tensor t = at::empty(e.shape, reader(0).dtype(name));
+      reader(0).read(name, 0, t);
+      out.emplace_back(e.name, t.is_floating_point() ? t.to(at::kFloat) : t);
+    }
+  }
+  return out;
+}
+
+}  // namespace dscpp::checkpoint

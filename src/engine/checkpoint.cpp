@@ -1,0 +1,482 @@
+// The engine's checkpoints (docs/checkpoint.md): save_checkpoint() and load_checkpoint(), each
+// reading top to bottom in the order its events happen. The folder steps are
+// src/checkpoint/publish.h, the proof that a checkpoint is whole src/checkpoint/verify.h, the
+// resharding arithmetic reads_for() in src/checkpoint/manifest.h; what this rank's part holds
+// comes from its strategy (NOTE [checkpoint groups] in src/zero/strategy.h).
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <unordered_set>
+
+#include "checkpoint/manifest.h"
+#include "checkpoint/publish.h"
+#include "checkpoint/verify.h"
+#include "dscpp/error.h"
+#include "dscpp/safetensors.h"
+#include "engine/engine_impl.h"
+#include "io/file_system.h"
+#include "util/log.h"
+
+namespace dscpp::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using NamedShapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+
+constexpr const char* kValues = "fp32";  // the state name of the fp32 values
+constexpr const char* kRngCpu = "rng/cpu";
+constexpr const char* kRngCuda = "rng/cuda";
+
+// Small values travel between ranks as doubles: every communicator moves them, and integers
+// below 2^53 (byte counts, CRCs, characters) are exact.
+at::Tensor small(int64_t n, const at::Device& device) {
+  return at::zeros({n}, at::TensorOptions().dtype(at::kDouble).device(device));
+}
+
+std::string broadcast_string(comm::Communicator& c, const std::string& s, const at::Device& dev) {
+  at::Tensor len = small(1, dev);
+  len.fill_(static_cast<double>(s.size()));
+  c.broadcast(len, 0)->wait();
+  const auto n = static_cast<int64_t>(len.item<double>());
+  at::Tensor chars = small(n, dev);
+  if (c.rank() == 0) {
+    std::vector<double> v(s.begin(), s.end());
+    chars.copy_(at::tensor(v, at::kDouble));
+  }
+  if (n > 0) c.broadcast(chars, 0)->wait();
+  at::Tensor host = chars.cpu();
+  std::string out(static_cast<size_t>(n), '\0');
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<char>(host.data_ptr<double>()[i]);
+  return out;
+}
+
+// The frozen parameters and the buffers, each once, by name: what every rank holds whole.
+std::vector<std::pair<std::string, at::Tensor>> replicated_tensors(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  std::unordered_set<const void*> seen;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    if (item.value().requires_grad() || !seen.insert(item.value().unsafeGetTensorImpl()).second)
+      continue;
+    out.emplace_back(item.key(), item.value());
+  }
+  for (const auto& item : model.named_buffers(/*recurse=*/true)) {
+    if (!item.value().defined() || !seen.insert(item.value().unsafeGetTensorImpl()).second)
+      continue;
+    out.emplace_back(item.key(), item.value());
+  }
+  return out;
+}
+
+const char* dtype_label(at::ScalarType t) {
+  return t == at::kBFloat16 ? "bf16" : t == at::kHalf ? "fp16" : "fp32";
+}
+
+}  // namespace
+
+void EngineImpl::check_checkpointable(const char* what) const {
+  DSCPP_CHECK(window_micro_steps_ == 0 && no_sync_depth_ == 0, CheckpointError, what,
+              "() in the middle of a gradient accumulation window (", window_micro_steps_, " of ",
+              gradient_accumulation_steps(),
+              " micro-steps taken): the gradients accumulated so far are not part of a "
+              "checkpoint, so resuming from it could not continue this window exactly. HINT: "
+              "call it after the step() that completes the window (is_gradient_accumulation_"
+              "boundary() was true before it)");
+  DSCPP_CHECK(optimizer_ && !client_lr_scheduler_, CheckpointError, what,
+              "() with a client optimizer or LR scheduler passed to initialize(): dscpp cannot "
+              "shard and restore a torch::optim object's state yet. HINT: use the config's "
+              "optimizer and scheduler sections");
+}
+
+void EngineImpl::on_every_rank(const std::string& what, const std::function<void()>& fn) {
+  std::exception_ptr error;
+  try {
+    fn();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  const int world = comm_->world_size();
+  at::Tensor flags = small(world, strategy_->options().device());
+  if (error) flags[comm_->rank()] = 1.0;
+  comm_->all_reduce(flags)->wait();
+  flags = flags.cpu();
+  if (error) std::rethrow_exception(error);
+  std::string ranks;
+  for (int q = 0; q < world; ++q) {
+    if (flags.data_ptr<double>()[q] > 0) ranks += (ranks.empty() ? "" : ",") + std::to_string(q);
+  }
+  DSCPP_CHECK(ranks.empty(), CheckpointError, what, " failed on rank(s) ", ranks,
+              " (its error says why)");
+}
+
+std::string EngineImpl::agree_on_tag(const std::string& tag) {
+  // Every rank saves under rank 0's tag, so the files always land in one folder;
+  // tag_validation decides what a rank that asked for another one gets.
+  const std::string& mode = config_.checkpoint.tag_validation;
+  const std::string agreed = broadcast_string(*comm_, tag, strategy_->options().device());
+  if (mode == "Ignore") return agreed;
+  at::Tensor differs = small(1, strategy_->options().device());
+  differs.fill_(tag != agreed ? 1.0 : 0.0);
+  comm_->all_reduce(differs)->wait();
+  const auto n = static_cast<int>(differs.item<double>());
+  if (n == 0) return agreed;
+  DSCPP_CHECK(mode != "Fail", CheckpointError, n,
+              " rank(s) asked save_checkpoint() for another tag than rank 0's '", agreed,
+              "' (this rank: '", tag,
+              "') and checkpoint.tag_validation is Fail. HINT: pass the same tag on every rank");
+  if (comm_->rank() == 0) {
+    DSCPP_LOG_WARN(
+        "{} rank(s) asked save_checkpoint() for another tag than rank 0's '{}'; every rank "
+        "saves under '{}' (checkpoint.tag_validation Warn; Fail makes this an error)",
+        n, agreed, agreed);
+  }
+  return agreed;
+}
+
+at::Tensor EngineImpl::part_values(const std::vector<zero::Part>& parts, int64_t offset,
+                                   int64_t n) const {
+  if (master_) return master_->weights().narrow(0, offset, n);
+  for (const auto& p : parts) {  // fp32 training: the parameters are the values
+    if (offset >= p.offset && offset + n <= p.offset + p.params.numel())
+      return p.params.narrow(0, offset - p.offset, n);
+  }
+  DSCPP_FAIL(Error, "internal: elements [", offset, ", ", offset + n, ") lie in no part");
+}
+
+std::vector<std::pair<std::string, at::Tensor>> EngineImpl::checkpoint_tensors() {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  const std::vector<zero::Part> parts = strategy_->parts();
+  const auto states = optimizer_->state();
+  const int rank = comm_->rank();
+  for (const zero::CheckpointGroup& g : strategy_->checkpoint_groups()) {
+    // This rank's slice [rank * S, (rank + 1) * S) of the group, from what the part holds
+    // ([begin, begin + length)): the part itself at stages 1-3, a piece of it at stage 0.
+    const int64_t S = g.layout.shard, lo = rank * S;
+    auto slice = [&](const at::Tensor& held) {
+      if (g.begin == lo && g.length == S) return held;
+      at::Tensor s = at::zeros({S}, held.options());
+      const int64_t a = std::max(lo, g.begin), b = std::min(lo + S, g.begin + g.length);
+      if (a < b) s.narrow(0, a - lo, b - a).copy_(held.narrow(0, a - g.begin, b - a));
+      return s;
+    };
+    out.emplace_back(checkpoint::slice_tensor_name(g.name, kValues),
+                     slice(part_values(parts, g.part_offset, g.length)));
+    for (const auto& [name, state] : states) {
+      out.emplace_back(checkpoint::slice_tensor_name(g.name, name),
+                       slice(state.narrow(0, g.part_offset, g.length)));
+    }
+  }
+  {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    out.emplace_back(kRngCpu, gen.get_state());
+  }
+  const at::Device device = strategy_->options().device();
+  if (device.is_cuda()) {
+    at::Generator gen = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    out.emplace_back(kRngCuda, gen.get_state());
+  }
+  if (rank == 0) {
+    for (auto& [name, t] : replicated_tensors(*model_))
+      out.emplace_back(checkpoint::replicated_tensor_name(name), t.detach());
+  }
+  return out;
+}
+
+std::string EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag_given,
+                                        const nlohmann::json& client_state) {
+  const auto t0 = Clock::now();
+  check_checkpointable("save_checkpoint");
+  DSCPP_CHECK(client_state.is_object(), CheckpointError,
+              "save_checkpoint(): client_state must be a JSON object, got ",
+              client_state.type_name());
+  const int rank = comm_->rank(), world = comm_->world_size();
+  const std::string tag =
+      agree_on_tag(tag_given.empty() ? fmt::format("global_step{}", global_steps_) : tag_given);
+  const std::string folder = dir + "/" + tag;
+
+  // 1. Every rank writes its slice of every state into its own file, durably (temporary name,
+  // fsync, rename, directory fsync), all at once.
+  safetensors::FileDigest digest;
+  on_every_rank("writing checkpoint '" + folder + "'", [&] {
+    if (checkpoint::begin_save(dir, tag, file_system_).replaced && rank == 0) {
+      DSCPP_LOG_WARN(
+          "replacing checkpoint {}: complete, but not the one {}/latest names (a save "
+          "whose update of latest was cut off, or an earlier run's)",
+          folder, dir);
+    }
+    digest = safetensors::save(folder + "/" + checkpoint::rank_file_name(rank, world),
+                               checkpoint_tensors(), {}, file_system_);
+  });
+
+  // 2. The ranks exchange their files' sizes and CRC-32Cs: every file is durable now.
+  at::Tensor mine = small(2, strategy_->options().device());
+  mine[0] = static_cast<double>(digest.bytes);
+  mine[1] = static_cast<double>(digest.crc32c);
+  at::Tensor all = small(2 * world, strategy_->options().device());
+  comm_->all_gather(all, mine)->wait();
+  all = all.cpu();
+
+  // 3. Rank 0 writes the manifest, then points `latest` at the tag; a failure there leaves
+  // `latest` on the previous checkpoint, and every rank reports it.
+  uint64_t total_bytes = 0;
+  on_every_rank("publishing checkpoint '" + folder + "'", [&] {
+    if (rank != 0) return;
+    checkpoint::Manifest m;
+    m.tag = tag;
+    m.world_size = world;
+    m.stage = config_.zero_optimization.stage;
+    m.dtype = dtype_label(dtype_);
+    m.optimizer = optimizer_->name();
+    for (const zero::CheckpointGroup& g : strategy_->checkpoint_groups()) {
+      checkpoint::Group cg{g.name, g.layout.numel, g.layout.padded, {}};
+      for (size_t i = 0; i < g.names.size(); ++i)
+        cg.parameters.push_back({g.names[i], g.shapes[i], g.layout.segments[i].first});
+      m.groups.push_back(std::move(cg));
+    }
+    m.states.push_back(kValues);
+    for (const auto& [name, state] : optimizer_->state()) m.states.push_back(name);
+    for (int q = 0; q < world; ++q) {
+      const auto bytes = static_cast<uint64_t>(all.data_ptr<double>()[2 * q]);
+      const auto crc = static_cast<uint32_t>(all.data_ptr<double>()[2 * q + 1]);
+      m.files.push_back({checkpoint::rank_file_name(q, world), q, bytes, crc});
+      total_bytes += bytes;
+    }
+    for (auto& [name, t] : replicated_tensors(*model_))
+      m.replicated.push_back({name, t.sizes().vec()});
+    m.counters = {{"global_steps", global_steps_},
+                  {"micro_steps", micro_steps_},
+                  {"global_samples", global_samples_},
+                  {"skipped_steps", skipped_steps_}};
+    m.lr_scheduler = {{"type", lr_schedule_->name()},
+                      {"last_batch_iteration", lr_schedule_->last_batch_iteration()}};
+    if (scaler_) {
+      const auto st = scaler_->state();
+      m.loss_scaler = {{"scale", st.scale},
+                       {"iter", st.iter},
+                       {"last_overflow_iter", st.last_overflow_iter},
+                       {"hysteresis", st.hysteresis},
+                       {"overflows", st.overflows}};
+    }
+    m.rng = {{"per_rank", strategy_->options().device().is_cuda()
+                              ? std::vector<std::string>{kRngCpu, kRngCuda}
+                              : std::vector<std::string>{kRngCpu}}};
+    m.data = {{"global_samples", global_samples_}, {"train_batch_size", train_batch_size()}};
+    m.client_state = client_state;
+    m.config = {{"source", config_.source}, {"resolved", config_.describe()}};
+    checkpoint::publish(dir, m, file_system_);
+  });
+  if (rank == 0) {
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    DSCPP_LOG_INFO(
+        "saved checkpoint {} at optimizer step {}: {} ranks, {:.1f} MiB in {:.2f} s ({:.0f} MiB/s)",
+        folder, global_steps_, world, total_bytes / 1048576.0, s,
+        s > 0 ? total_bytes / 1048576.0 / s : 0.0);
+  }
+  return folder;
+}
+
+LoadResult EngineImpl::load_checkpoint(const std::string& dir, const std::string& tag_given,
+                                       const LoadOptions& opts) {
+  const auto t0 = Clock::now();
+  check_checkpointable("load_checkpoint");
+  const int rank = comm_->rank(), world = comm_->world_size();
+  const bool module_only = opts.load_module_only;
+  const bool load_states = opts.load_optimizer_states && !module_only;
+  const std::vector<zero::CheckpointGroup> groups = strategy_->checkpoint_groups();
+  const auto replicated = replicated_tensors(*model_);
+  const auto states = optimizer_->state();
+
+  // 1. Find the checkpoint, read its manifest, and check that it fits this model and
+  // optimizer, before a byte of state is read.
+  std::string tag, folder;
+  checkpoint::Manifest m;
+  on_every_rank("loading a checkpoint from '" + dir + "'", [&] {
+    tag = checkpoint::resolve_tag(dir, tag_given, file_system_);
+    folder = dir + "/" + tag;
+    m = checkpoint::read_manifest(dir, tag, file_system_);
+    const std::string source = folder + "/manifest.json";
+    NamedShapes wanted, held;
+    for (const auto& g : groups)
+      for (size_t i = 0; i < g.names.size(); ++i) wanted.emplace_back(g.names[i], g.shapes[i]);
+    for (const auto& [name, t] : replicated) wanted.emplace_back(name, t.sizes().vec());
+    for (const auto& g : m.groups)
+      for (const auto& p : g.parameters) held.emplace_back(p.name, p.shape);
+    for (const auto& r : m.replicated) held.emplace_back(r.name, r.shape);
+    if (!opts.load_module_strict) {
+      // Only the names both have must agree in shape.
+      std::map<std::string, std::vector<int64_t>> held_shapes(held.begin(), held.end());
+      NamedShapes common_wanted, common_held;
+      for (const auto& [name, shape] : wanted) {
+        auto it = held_shapes.find(name);
+        if (it == held_shapes.end()) continue;
+        common_wanted.emplace_back(name, shape);
+        common_held.emplace_back(name, it->second);
+      }
+      wanted = std::move(common_wanted);
+      held = std::move(common_held);
+    }
+    safetensors::check_matches(wanted, held, source);
+    if (load_states) {
+      DSCPP_CHECK(m.optimizer == optimizer_->name(), CheckpointError, "checkpoint '", folder,
+                  "' holds the state of optimizer ", m.optimizer, ", this engine runs ",
+                  optimizer_->name(),
+                  ". HINT: pass LoadOptions::load_optimizer_states = false to start the "
+                  "optimizer's state afresh from the loaded weights");
+      for (const auto& [name, state] : states) {
+        DSCPP_CHECK(std::find(m.states.begin(), m.states.end(), name) != m.states.end(),
+                    CheckpointError, "checkpoint '", folder, "' has no optimizer state '", name,
+                    "'");
+      }
+    }
+    if (opts.load_lr_scheduler_states && !module_only && !m.lr_scheduler.empty()) {
+      const std::string saved = m.lr_scheduler.value("type", "");
+      DSCPP_CHECK(saved == lr_schedule_->name(), CheckpointError, "checkpoint '", folder,
+                  "' holds the position of LR schedule ", saved, ", this engine runs ",
+                  lr_schedule_->name(),
+                  ". HINT: pass LoadOptions::load_lr_scheduler_states = false to start the "
+                  "schedule over");
+    }
+  });
+
+  // 2. Prove every file whole (size and CRC-32C against the manifest). The ranks share the
+  // reading: rank r checks files r, r + world, ...; all then know every damaged file.
+  // Each file's checkpoint::FileCheck::Problem, summed over ranks (one rank checks each file).
+  at::Tensor damaged = small(static_cast<int64_t>(m.files.size()), strategy_->options().device());
+  std::map<size_t, std::string> details;
+  on_every_rank("checking checkpoint '" + folder + "'", [&] {
+    for (size_t i = rank; i < m.files.size(); i += world) {
+      checkpoint::FileCheck c = checkpoint::check_file(dir, m, i, file_system_);
+      details[i] = c.detail;
+      damaged[static_cast<int64_t>(i)] = static_cast<double>(c.problem);
+    }
+  });
+  comm_->all_reduce(damaged)->wait();
+  damaged = damaged.cpu();
+  std::string listed;
+  for (size_t i = 0; i < m.files.size(); ++i) {
+    const auto problem = static_cast<checkpoint::FileCheck::Problem>(
+        static_cast<int>(damaged.data_ptr<double>()[i]));
+    if (problem == checkpoint::FileCheck::Problem::none) continue;
+    listed += "\n  " + folder + "/" + m.files[i].path + ": " +
+              (details.count(i) ? details[i]
+                                : std::string(checkpoint::FileCheck::describe(problem)) +
+                                      " (rank " + std::to_string(i % world) + " has the details)");
+  }
+  DSCPP_CHECK(listed.empty(), CheckpointError, "checkpoint '", folder,
+              "' is damaged; nothing was loaded:", listed);
+
+  // 3. Read what this rank now holds: for each parameter, the elements of it in this rank's
+  // part, from whichever files the manifest says hold them (reads_for). Padding stays zero.
+  uint64_t bytes_read = 0;
+  on_every_rank("reading checkpoint '" + folder + "'", [&] {
+    at::NoGradGuard no_grad;
+    std::map<int, std::unique_ptr<safetensors::Reader>> readers;
+    auto reader = [&](int q) -> safetensors::Reader& {
+      auto& r = readers[q];
+      if (!r)
+        r = std::make_unique<safetensors::Reader>(folder + "/" + m.files[q].path, file_system_);
+      return *r;
+    };
+    const std::vector<zero::Part> parts = strategy_->parts();
+    for (const zero::CheckpointGroup& g : groups) {
+      std::vector<std::pair<std::string, at::Tensor>> targets{
+          {kValues, part_values(parts, g.part_offset, g.length)}};
+      if (load_states) {
+        for (const auto& [name, state] : states)
+          targets.emplace_back(name, state.narrow(0, g.part_offset, g.length));
+      }
+      for (size_t i = 0; i < g.names.size(); ++i) {
+        const auto [off, n] = g.layout.segments[i];
+        const int64_t lo = std::max(off, g.begin), hi = std::min(off + n, g.begin + g.length);
+        const auto [mg, mp] = m.find(g.names[i]);
+        if (lo >= hi || mg < 0) continue;  // not held here, or absent (load_module_strict off)
+        for (const checkpoint::SliceRead& r :
+             checkpoint::reads_for(m, g.names[i], lo - off, hi - off)) {
+          for (auto& [state, target] : targets) {
+            reader(r.rank).read(checkpoint::slice_tensor_name(m.groups[mg].name, state), r.position,
+                                target.narrow(0, lo - g.begin + r.dst, r.numel));
+          }
+        }
+      }
+    }
+    std::map<std::string, std::vector<int64_t>> saved_replicated;
+    for (const auto& r : m.replicated) saved_replicated[r.name] = r.shape;
+    for (auto& [name, t] : replicated) {
+      if (!saved_replicated.count(name)) continue;
+      at::Tensor values = at::empty({t.numel()}, t.options());
+      reader(0).read(checkpoint::replicated_tensor_name(name), 0, values);
+      t.detach().copy_(values.view(t.sizes()));
+    }
+    if (!module_only && m.world_size == world) {
+      // Each rank continues its own random streams (at another world size they start afresh).
+      for (const auto& [name, shape] : reader(rank).shapes()) {
+        if (name != kRngCpu && !(name == kRngCuda && strategy_->options().device().is_cuda()))
+          continue;
+        at::Tensor st = at::empty(shape, at::kByte);
+        reader(rank).read(name, 0, st);
+        at::Generator gen =
+            name == kRngCpu ? at::detail::getDefaultCPUGenerator()
+                            : at::globalContext().defaultGenerator(strategy_->options().device());
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        gen.set_state(st);
+      }
+    }
+    for (auto& [q, r] : readers) bytes_read += r->bytes_read();
+  });
+
+  // 4. The training-dtype parameters from the loaded values, on every rank (stages 1-3: the
+  // shards are all-gathered, as after an optimizer step).
+  {
+    at::NoGradGuard no_grad;
+    const std::vector<zero::Part> parts = strategy_->parts();
+    if (master_) master_->publish(parts);
+    strategy_->before_update();
+    strategy_->publish_params();
+  }
+
+  // 5. The counters, the schedule's position and the loss scale.
+  if (!module_only) {
+    const auto& c = m.counters;
+    global_steps_ = c.value("global_steps", int64_t{0});
+    skipped_steps_ = c.value("skipped_steps", int64_t{0});
+    global_samples_ = c.value("global_samples", global_steps_ * train_batch_size());
+    const int64_t micro = c.value("micro_steps", int64_t{0});
+    // A window starts at a multiple of this run's GAS (the saved one may differ).
+    micro_steps_ = micro % gradient_accumulation_steps() == 0
+                       ? micro
+                       : global_steps_ * gradient_accumulation_steps();
+    if (opts.load_lr_scheduler_states && !m.lr_scheduler.empty())
+      lr_schedule_->set_last_batch_iteration(
+          m.lr_scheduler.value("last_batch_iteration", int64_t{-1}));
+    if (scaler_ && !m.loss_scaler.empty()) {
+      precision::LossScaler::State st;
+      st.scale = m.loss_scaler.value("scale", 0.0);
+      st.iter = m.loss_scaler.value("iter", int64_t{0});
+      st.last_overflow_iter = m.loss_scaler.value("last_overflow_iter", int64_t{-1});
+      st.hysteresis = m.loss_scaler.value("hysteresis", 0);
+      st.overflows = m.loss_scaler.value("overflows", int64_t{0});
+      scaler_->load_state(st);
+    }
+  }
+  abandon_window();  // the next window starts now
+  if (rank == 0) {
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    DSCPP_LOG_INFO(
+        "loaded checkpoint {} (saved at {} rank(s), ZeRO stage {}, {}) at {} rank(s), stage {}: "
+        "optimizer step {}; rank 0 read {:.1f} MiB in {:.2f} s{}",
+        folder, m.world_size, m.stage, m.dtype, world, config_.zero_optimization.stage,
+        global_steps_, bytes_read / 1048576.0, s,
+        !module_only && m.world_size != world
+            ? "; random generators start afresh (other world size)"
+            : "");
+  }
+  return LoadResult{folder, m.client_state};
+}
+
+}  // namespace dscpp::engine
