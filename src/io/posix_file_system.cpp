@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -52,16 +53,25 @@ class PosixWritableFile final : public WritableFile {
     if (fd_ >= 0) ::close(fd_);
   }
 
+  // NOTE [early writeback]: a large file is written in pieces, and after each piece the kernel
+  // is asked to start writing it to disk (sync_file_range, asynchronous), so the disk works while
+  // the next pieces are copied into the page cache and the final fsync has little left to wait
+  // for (RocksDB's bytes_per_sync). A checkpoint's save time then approaches the disk's
+  // sequential bandwidth instead of copy time plus disk time (docs/checkpoint.md, "Save speed").
+  static constexpr size_t kWritebackPiece = size_t{8} << 20;
+
   void append(const void* data, size_t n) override {
     DSCPP_CHECK(fd_ >= 0, IoError, "append to closed file '", path_, "'");
     const auto* p = static_cast<const char*>(data);
     while (n > 0) {
-      ssize_t w = ::write(fd_, p, n);
+      ssize_t w = ::write(fd_, p, std::min(n, kWritebackPiece));
       if (w < 0 && errno == EINTR) continue;
       DSCPP_CHECK(w >= 0, IoError, "writing ", n, " bytes to '", path_,
                   "' failed: ", errno_text(errno), ". HINT: is the disk full?");
       p += w;
       n -= static_cast<size_t>(w);
+      written_ += static_cast<uint64_t>(w);
+      if (written_ - flushed_ >= kWritebackPiece) start_writeback();
     }
   }
   void sync() override {
@@ -77,8 +87,30 @@ class PosixWritableFile final : public WritableFile {
   const std::string& path() const override { return path_; }
 
  private:
+  void start_writeback() {
+#if defined(__linux__)
+    // Only hints: an error here resurfaces at fsync, which every durable write ends with.
+    ::sync_file_range(fd_, static_cast<off_t>(flushed_), static_cast<off_t>(written_ - flushed_),
+                      SYNC_FILE_RANGE_WRITE);
+    // The piece before last is on its way to disk by now: wait for it and drop its pages, so
+    // the next pieces reuse them and the page cache holds a few pieces of the file, not all.
+    if (flushed_ >= kWritebackPiece) {
+      const off_t begin = static_cast<off_t>(dropped_);
+      const off_t len = static_cast<off_t>(flushed_ - dropped_);
+      ::sync_file_range(
+          fd_, begin, len,
+          SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+      ::posix_fadvise(fd_, begin, len, POSIX_FADV_DONTNEED);
+      dropped_ = flushed_;
+    }
+#endif
+    flushed_ = written_;
+  }
+
   std::string path_;
   int fd_;
+  // Bytes appended; bytes handed to early writeback; bytes written back and dropped.
+  uint64_t written_ = 0, flushed_ = 0, dropped_ = 0;
 };
 
 class PosixFileSystem final : public FileSystem {
