@@ -53,6 +53,7 @@ void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 void catch_stop_signals() {
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
+  sa.sa_flags = SA_RESTART;
   sigemptyset(&sa.sa_mask);
   for (int sig : {SIGTERM, SIGUSR1}) ::sigaction(sig, &sa, nullptr);
 }
@@ -214,8 +215,20 @@ int train_main(int argc, char** argv) {
                                      {"train_batch_size", engine.train_batch_size()},
                                      {"block_size", a.block_size}};
   int64_t first_step = 0;
+  // Rank 0 looks for DIR/latest and tells every rank, so all of them load or none.
+  bool have_checkpoint = false;
+  if (!a.save_dir.empty()) {
+    at::Tensor found = at::full(
+        {1}, rank == 0 && std::ifstream(a.save_dir + "/latest").good() ? 1.0f : 0.0f,
+        at::TensorOptions().device(device));
+    comm->broadcast(found, 0)->wait();
+    have_checkpoint = found.item<float>() > 0;
+  }
+  DSCPP_CHECK(a.resume || !have_checkpoint, ConfigError, "--save_dir ", a.save_dir,
+              " already holds checkpoints of a run; saving into it would replace them step by "
+              "step. HINT: pass --resume to continue that run, or choose another --save_dir");
   if (a.resume) {
-    if (std::ifstream(a.save_dir + "/latest").good()) {
+    if (have_checkpoint) {
       LoadResult got = engine.load_checkpoint(a.save_dir);
       const nlohmann::json saved = got.client_state.value("dscpp_train", nlohmann::json::object());
       for (const auto& [key, value] : data_state.items()) {
@@ -239,6 +252,20 @@ int train_main(int argc, char** argv) {
   auto save = [&] { engine.save_checkpoint(a.save_dir, "", {{"dscpp_train", data_state}}); };
 
   std::ofstream metrics;
+  if (rank == 0 && !a.metrics.empty() && first_step > 0) {
+    // A resumed run continues the metrics of the run it resumes, from the checkpoint's step:
+    // lines of steps after it (trained again now) are dropped.
+    std::ifstream in(a.metrics);
+    std::string line, kept;
+    while (std::getline(in, line)) {
+      try {
+        if (nlohmann::json::parse(line).at("step").get<int64_t>() <= first_step) kept += line + "\n";
+      } catch (const std::exception&) {
+        // a torn last line of a killed run
+      }
+    }
+    std::ofstream(a.metrics, std::ios::trunc) << kept;
+  }
   if (rank == 0 && !a.metrics.empty()) {
     // A resumed run appends to the metrics of the run it continues.
     metrics.open(a.metrics, first_step > 0 ? std::ios::app : std::ios::trunc);
@@ -297,6 +324,10 @@ int train_main(int argc, char** argv) {
                                a.steps, st.loss, tok_s, fmt_eta(elapsed / done * (a.steps - s - 1)))
                 << std::endl;
     }
+  }
+  if (!a.save_dir.empty()) {
+    // Training is over: a stop signal ends the process again, as without --save_dir.
+    for (int sig : {SIGTERM, SIGUSR1}) ::signal(sig, SIG_DFL);
   }
   const double steady_s = std::chrono::duration<double>(Clock::now() - steady_start).count();
   struct rusage ru {};

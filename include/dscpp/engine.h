@@ -61,8 +61,9 @@ struct InitOptions {
 
 // DeepSpeed's load_checkpoint options (docs/checkpoint.md).
 struct LoadOptions {
-  // Restore the optimizer state (Adam's moments, ...). false: it starts from zero, as a fresh
-  // optimizer's; the fp32 values are loaded either way.
+  // Restore the optimizer state (Adam's moments, ...). false: the engine keeps the state it has
+  // (a freshly built engine: its optimizer's initial state), as DeepSpeed does; the fp32 values
+  // are loaded either way.
   bool load_optimizer_states = true;
   // Restore the LR schedule's position. false: the schedule starts over.
   bool load_lr_scheduler_states = true;

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <set>
 #include <unordered_set>
 
 #include "checkpoint/manifest.h"
@@ -86,6 +87,9 @@ void EngineImpl::check_checkpointable(const char* what) const {
               "checkpoint, so resuming from it could not continue this window exactly. HINT: "
               "call it after the step() that completes the window (is_gradient_accumulation_"
               "boundary() was true before it)");
+  DSCPP_CHECK(!strategy_->gathered_scope_open(), CheckpointError, what,
+              "() inside a zero::GatheredParameters scope: the gathered parameters may still be "
+              "written back when it closes. HINT: close the scope first");
   DSCPP_CHECK(optimizer_ && !client_lr_scheduler_, CheckpointError, what,
               "() with a client optimizer or LR scheduler passed to initialize(): dscpp cannot "
               "shard and restore a torch::optim object's state yet. HINT: use the config's "
@@ -292,12 +296,16 @@ LoadResult EngineImpl::load_checkpoint(const std::string& dir, const std::string
   const auto replicated = replicated_tensors(*model_);
   const auto states = optimizer_->state();
 
-  // 1. Find the checkpoint, read its manifest, and check that it fits this model and
-  // optimizer, before a byte of state is read.
+  // 1. Find the checkpoint (rank 0 resolves the tag, so every rank loads the same one even if
+  // `latest` moves or they were given different tags), read its manifest, and check that it
+  // fits this model and optimizer, before a byte of state is read.
   std::string tag, folder;
   checkpoint::Manifest m;
-  on_every_rank("loading a checkpoint from '" + dir + "'", [&] {
-    tag = checkpoint::resolve_tag(dir, tag_given, file_system_);
+  on_every_rank("finding a checkpoint in '" + dir + "'", [&] {
+    if (rank == 0) tag = checkpoint::resolve_tag(dir, tag_given, file_system_);
+  });
+  tag = broadcast_string(*comm_, tag, strategy_->options().device());
+  on_every_rank("loading checkpoint '" + dir + "/" + tag + "'", [&] {
     folder = dir + "/" + tag;
     m = checkpoint::read_manifest(dir, tag, file_system_);
     const std::string source = folder + "/manifest.json";
@@ -322,6 +330,24 @@ LoadResult EngineImpl::load_checkpoint(const std::string& dir, const std::string
       held = std::move(common_held);
     }
     safetensors::check_matches(wanted, held, source);
+    // A name that is trainable on one side and frozen or a buffer on the other is kept apart by
+    // the layout (flat groups vs rank 0's module/ tensors): refused rather than left unloaded.
+    std::set<std::string> trainable_now, trainable_saved;
+    for (const auto& g : groups) trainable_now.insert(g.names.begin(), g.names.end());
+    for (const auto& g : m.groups)
+      for (const auto& p : g.parameters) trainable_saved.insert(p.name);
+    std::string moved;
+    for (const auto& [name, t] : replicated)
+      if (trainable_saved.count(name))
+        moved += "\n  '" + name + "': trainable when saved, frozen or a buffer now";
+    for (const auto& r : m.replicated)
+      if (trainable_now.count(r.name))
+        moved += "\n  '" + r.name + "': frozen or a buffer when saved, trainable now";
+    DSCPP_CHECK(
+        moved.empty(), CheckpointError, "checkpoint '", folder,
+        "' does not fit this model: parameters changed between trainable and frozen:", moved,
+        "\nHINT: load it with the model as it was saved, then freeze or unfreeze; or "
+        "consolidate it with dscpp zero-to-fp32 and load that with safetensors::load_into");
     if (load_states) {
       DSCPP_CHECK(m.optimizer == optimizer_->name(), CheckpointError, "checkpoint '", folder,
                   "' holds the state of optimizer ", m.optimizer, ", this engine runs ",

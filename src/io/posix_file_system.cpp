@@ -66,7 +66,8 @@ class PosixWritableFile final : public WritableFile {
     while (n > 0) {
       ssize_t w = ::write(fd_, p, std::min(n, kWritebackPiece));
       if (w < 0 && errno == EINTR) continue;
-      DSCPP_CHECK(w >= 0, IoError, "writing ", n, " bytes to '", path_,
+      if (w == 0) errno = ENOSPC;  // no progress: never loop forever
+      DSCPP_CHECK(w > 0, IoError, "writing ", n, " bytes to '", path_,
                   "' failed: ", errno_text(errno), ". HINT: is the disk full?");
       p += w;
       n -= static_cast<size_t>(w);
@@ -76,6 +77,9 @@ class PosixWritableFile final : public WritableFile {
   }
   void sync() override {
     DSCPP_CHECK(fd_ >= 0, IoError, "sync of closed file '", path_, "'");
+    DSCPP_CHECK(writeback_errno_ == 0, IoError, "writing '", path_,
+                "' to disk failed: ", errno_text(writeback_errno_),
+                ". HINT: is the disk full or failing?");
     DSCPP_CHECK(::fsync(fd_) == 0, IoError, "fsync of '", path_, "' failed: ", errno_text(errno));
   }
   void close() override {
@@ -89,7 +93,10 @@ class PosixWritableFile final : public WritableFile {
  private:
   void start_writeback() {
 #if defined(__linux__)
-    // Only hints: an error here resurfaces at fsync, which every durable write ends with.
+    // Starting write-back is a hint; waiting for it is not: the kernel reports a write-back
+    // error once per file description, to whichever call waits first, so an error seen here is
+    // kept and thrown by sync() (which every durable write ends with), never lost to a later
+    // fsync that would then succeed.
     ::sync_file_range(fd_, static_cast<off_t>(flushed_), static_cast<off_t>(written_ - flushed_),
                       SYNC_FILE_RANGE_WRITE);
     // The piece before last is on its way to disk by now: wait for it and drop its pages, so
@@ -97,10 +104,13 @@ class PosixWritableFile final : public WritableFile {
     if (flushed_ >= kWritebackPiece) {
       const off_t begin = static_cast<off_t>(dropped_);
       const off_t len = static_cast<off_t>(flushed_ - dropped_);
-      ::sync_file_range(
-          fd_, begin, len,
-          SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
-      ::posix_fadvise(fd_, begin, len, POSIX_FADV_DONTNEED);
+      if (::sync_file_range(fd_, begin, len,
+                            SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                                SYNC_FILE_RANGE_WAIT_AFTER) != 0 &&
+          writeback_errno_ == 0) {
+        writeback_errno_ = errno;
+      }
+      if (writeback_errno_ == 0) ::posix_fadvise(fd_, begin, len, POSIX_FADV_DONTNEED);
       dropped_ = flushed_;
     }
 #endif
@@ -111,6 +121,7 @@ class PosixWritableFile final : public WritableFile {
   int fd_;
   // Bytes appended; bytes handed to early writeback; bytes written back and dropped.
   uint64_t written_ = 0, flushed_ = 0, dropped_ = 0;
+  int writeback_errno_ = 0;  // the first error early write-back reported (NOTE [early writeback])
 };
 
 class PosixFileSystem final : public FileSystem {

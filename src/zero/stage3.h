@@ -89,6 +89,7 @@ class Stage3 final : public Strategy {
   void publish_params() override;
   int64_t param_bytes() const override;
   std::vector<CheckpointGroup> checkpoint_groups() const override;
+  bool gathered_scope_open() const override { return !scopes_.empty(); }
   int64_t gathered_peak_bytes() const override { return fetcher_.peak_live_bytes(); }
   FetchStats take_fetch_stats() override;
 

@@ -100,6 +100,10 @@ class Strategy {
   virtual void publish_params() = 0;
   // What a checkpoint records of the part (NOTE [checkpoint groups]), in part order.
   virtual std::vector<CheckpointGroup> checkpoint_groups() const = 0;
+  // Stage 3: a GatheredParameters scope is open (its gathered copies may be written back when
+  // it closes, so a checkpoint taken or loaded inside it would not be what training continues
+  // from).
+  virtual bool gathered_scope_open() const { return false; }
 
   // Bytes held for the parameters, the gradients between steps and the staging buffers.
   virtual int64_t param_bytes() const = 0;

@@ -11,6 +11,7 @@
 
 #include "checkpoint/verify.h"
 #include "dscpp/engine.h"
+#include "dscpp/zero.h"
 #include "engine/test_net.h"
 #include "io/fault_file_system.h"
 #include "support/errors.h"
@@ -363,6 +364,19 @@ TEST(EngineCheckpoint, BadInputIsAClearErrorNamingThePath) {
     msg = error_text(errors[0]);
     EXPECT_TRUE(has(msg, "fc1.weight") && has(msg, "frozen") && has(msg, "seen")) << msg;
   }
+  // A parameter frozen since the save: refused by name, never left unloaded.
+  {
+    std::string msg;
+    auto errors = run_thread_ranks(2, [&](Communicator& c) {
+      CkptNet net;
+      net->w.set_requires_grad(false);
+      auto e = initialize(net.ptr(), config_json(4, 2, kOpt + stage_cfg(1)), borrowed(c));
+      e->load_checkpoint(dir);
+    });
+    ASSERT_TRUE(errors[0] && errors[1]);
+    msg = error_text(errors[0]);
+    EXPECT_TRUE(has(msg, "'w': trainable when saved, frozen or a buffer now")) << msg;
+  }
   // Another optimizer: refused unless its state is not wanted.
   {
     std::string msg;
@@ -427,6 +441,25 @@ TEST(EngineCheckpoint, SaveInsideAnAccumulationWindowIsRefused) {
   EXPECT_FALSE(std::filesystem::exists(dir + "/latest"));
 }
 
+TEST(EngineCheckpoint, SaveOrLoadInsideAGatheredParametersScopeIsRefused) {
+  TempDir dir_tmp;
+  const std::string dir = dir_tmp.path();
+  auto errors = run_thread_ranks(2, [&](Communicator& c) {
+    CkptNet net;
+    auto e = initialize(net.ptr(), config_json(4, 2, kOpt + stage_cfg(3)), borrowed(c));
+    {
+      zero::GatheredParameters whole(*net);
+      std::string msg = error_of<CheckpointError>([&] { e->save_checkpoint(dir); });
+      EXPECT_TRUE(has(msg, "inside a zero::GatheredParameters scope")) << msg;
+      msg = error_of<CheckpointError>([&] { e->load_checkpoint(dir); });
+      EXPECT_TRUE(has(msg, "inside a zero::GatheredParameters scope")) << msg;
+    }
+    e->save_checkpoint(dir);  // once it is closed
+  });
+  for (auto& err : errors) EXPECT_FALSE(err) << error_text(err);
+  EXPECT_EQ(checkpoint::verify(dir).tag, "global_step0");
+}
+
 // A failed save (a write, a sync or a rename fails, or the disk fills) throws on every rank and
 // leaves `latest` on the previous checkpoint, which still verifies and loads.
 TEST(EngineCheckpoint, FailedSaveKeepsThePreviousCheckpoint) {
@@ -472,7 +505,7 @@ TEST(EngineCheckpoint, FailedSaveKeepsThePreviousCheckpoint) {
   }
 }
 
-TEST(EngineCheckpoint, TagValidationFailRefusesRanksThatDisagree) {
+TEST(EngineCheckpoint, EveryRankUsesRankZerosTagAndFailRefusesOthers) {
   TempDir dir_tmp;
   const std::string dir = dir_tmp.path();
   for (const char* mode : {"Fail", "Warn"}) {
@@ -492,6 +525,19 @@ TEST(EngineCheckpoint, TagValidationFailRefusesRanksThatDisagree) {
       EXPECT_EQ(checkpoint::verify(dir).tag, "tag_Warn_0");  // rank 0's
     }
   }
+  // A load follows rank 0's tag too: every rank loads the same checkpoint.
+  std::vector<std::string> paths(2);
+  on_ranks(
+      2,
+      [&](Communicator& c) {
+        CkptNet net;
+        auto e = initialize(net.ptr(), config_json(4, 2, kOpt), borrowed(c));
+        e->save_checkpoint(dir, "other");
+        paths[c.rank()] = e->load_checkpoint(dir, c.rank() == 0 ? "tag_Warn_0" : "other").path;
+      },
+      "load by tag");
+  EXPECT_EQ(paths[0], dir + "/tag_Warn_0");
+  EXPECT_EQ(paths[1], dir + "/tag_Warn_0");
 }
 
 }  // namespace

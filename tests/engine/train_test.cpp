@@ -220,6 +220,11 @@ TEST(Train, StoppedBySigtermAndResumedEqualsAnUninterruptedRun) {
   EXPECT_LT(saved, steps) << "the run ended before the signal: no test of a stop";
   EXPECT_EQ(losses_of(metrics).size(), static_cast<size_t>(saved));
 
+  // Without --resume the folder of a run is not saved into.
+  auto again = run_command(train("--save_dir " + dir.file("ckpt")));
+  EXPECT_NE(again.status, 0) << again.output;
+  EXPECT_NE(again.output.find("already holds checkpoints of a run"), std::string::npos) << again.output;
+
   auto resumed = run_command(train("--save_dir " + dir.file("ckpt") + " --resume --metrics " + metrics +
                                    " --save_final " + dir.file("b.safetensors")));
   ASSERT_EQ(resumed.status, 0) << resumed.output;
@@ -252,6 +257,10 @@ TEST(Train, StoppedBySigtermAndResumedEqualsAnUninterruptedRun) {
   }
   EXPECT_TRUE(at::equal(safetensors::load(dir.file("a_logits.safetensors")).tensors[0].second,
                         safetensors::load(dir.file("z_logits.safetensors")).tensors[0].second));
+  // And dscpp train starts from it.
+  auto init = run_command(kCli + " train --config " + dir.file("c.json") + kModelArgs +
+                          " --steps 1 --init " + dir.file("z.safetensors"));
+  EXPECT_EQ(init.status, 0) << init.output;
 }
 
 TEST(Train, BadInputIsAClearErrorAndNoRankIsLeftRunning) {
