@@ -218,9 +218,9 @@ int train_main(int argc, char** argv) {
   // Rank 0 looks for DIR/latest and tells every rank, so all of them load or none.
   bool have_checkpoint = false;
   if (!a.save_dir.empty()) {
-    at::Tensor found = at::full(
-        {1}, rank == 0 && std::ifstream(a.save_dir + "/latest").good() ? 1.0f : 0.0f,
-        at::TensorOptions().device(device));
+    at::Tensor found =
+        at::full({1}, rank == 0 && std::ifstream(a.save_dir + "/latest").good() ? 1.0f : 0.0f,
+                 at::TensorOptions().device(device));
     comm->broadcast(found, 0)->wait();
     have_checkpoint = found.item<float>() > 0;
   }
@@ -259,7 +259,8 @@ int train_main(int argc, char** argv) {
     std::string line, kept;
     while (std::getline(in, line)) {
       try {
-        if (nlohmann::json::parse(line).at("step").get<int64_t>() <= first_step) kept += line + "\n";
+        if (nlohmann::json::parse(line).at("step").get<int64_t>() <= first_step)
+          kept += line + "\n";
       } catch (const std::exception&) {
         // a torn last line of a killed run
       }
@@ -348,7 +349,11 @@ int train_main(int argc, char** argv) {
                      engine.skipped_steps(), a.steps, engine.loss_scale())
               << std::endl;
   }
-  if (rank == 0) {
+  if (rank == 0 && first_step >= a.steps) {
+    std::cout << fmt::format("nothing left to train: the checkpoint is at step {} of --steps {}",
+                             first_step, a.steps)
+              << std::endl;
+  } else if (rank == 0) {
     std::cout << fmt::format(
                      "throughput: {:.1f} tokens/s over steps {}..{} (after {} warm-up steps)",
                      (a.steps - first_step - warmup_steps) * engine.train_batch_size() *
