@@ -53,6 +53,21 @@ class Fields {
                   int64_t lo = 0, int64_t hi = std::numeric_limits<int64_t>::max()) const {
     return integer(at(obj, key, where), where + "." + key, lo, hi);
   }
+  // obj["shape"]: non-negative integers whose product fits in int64; `name` is for errors.
+  std::vector<int64_t> shape(const nlohmann::json& obj, const std::string& where,
+                             const std::string& name) const {
+    const nlohmann::json& js = at(obj, "shape", where);
+    if (!js.is_array()) fail(where + ".shape", "must be an array");
+    std::vector<int64_t> out;
+    int64_t numel = 1;
+    for (size_t d = 0; d < js.size(); ++d) {
+      out.push_back(integer(js[d], where + ".shape[" + std::to_string(d) + "]", 0,
+                            std::numeric_limits<int64_t>::max()));
+      if (__builtin_mul_overflow(numel, out.back(), &numel))
+        fail(where, "'" + name + "' has more than 2^63 elements");
+    }
+    return out;
+  }
   nlohmann::json object(const nlohmann::json& obj, const std::string& key) const {
     if (!obj.contains(key)) return nlohmann::json::object();
     if (!obj.at(key).is_object()) fail(key, "must be an object");
@@ -175,15 +190,8 @@ Manifest Manifest::parse(const std::string& text, const std::string& source) {
       const std::string pw = where + ".parameters[" + std::to_string(pi) + "]";
       ParamEntry p;
       p.name = f.get<std::string>(ps[pi], "name", pw);
-      const nlohmann::json& shape = f.at(ps[pi], "shape", pw);
-      if (!shape.is_array()) f.fail(pw + ".shape", "must be an array");
-      int64_t numel = 1;
-      for (size_t d = 0; d < shape.size(); ++d) {
-        p.shape.push_back(f.integer(shape[d], pw + ".shape[" + std::to_string(d) + "]", 0,
-                                    std::numeric_limits<int64_t>::max()));
-        if (__builtin_mul_overflow(numel, p.shape.back(), &numel))
-          f.fail(pw, "'" + p.name + "' has more than 2^63 elements");
-      }
+      p.shape = f.shape(ps[pi], pw, p.name);
+      const int64_t numel = p.numel();
       p.offset = f.integer(ps[pi], "offset", pw);
       if (p.offset != next) {
         f.fail(pw, "'" + p.name + "' starts at " + std::to_string(p.offset) + ", expected " +
@@ -238,12 +246,7 @@ Manifest Manifest::parse(const std::string& text, const std::string& source) {
       r.name = f.get<std::string>(rs[i], "name", where);
       if (r.name.empty() || !seen.insert(r.name).second)
         f.fail(where, "name '" + r.name + "' is empty or appears twice");
-      const nlohmann::json& shape = f.at(rs[i], "shape", where);
-      if (!shape.is_array()) f.fail(where + ".shape", "must be an array");
-      for (size_t d = 0; d < shape.size(); ++d) {
-        r.shape.push_back(f.integer(shape[d], where + ".shape[" + std::to_string(d) + "]", 0,
-                                    std::numeric_limits<int32_t>::max()));
-      }
+      r.shape = f.shape(rs[i], where, r.name);
       m.replicated.push_back(std::move(r));
     }
   }

@@ -1,6 +1,7 @@
 // Implements the save side of a checkpoint folder (publish.h).
 #include "checkpoint/publish.h"
 
+#include "checkpoint/verify.h"
 #include "dscpp/error.h"
 #include "io/file_system.h"
 
@@ -19,13 +20,7 @@ SaveFolder begin_save(const std::string& dir, const std::string& tag, io::FileSy
   SaveFolder out{dir + "/" + tag, false};
   const std::string manifest = out.path + "/manifest.json";
   if (fs.exists(manifest)) {
-    std::string latest;
-    if (fs.exists(dir + "/latest")) {
-      auto f = fs.open_for_read(dir + "/latest");
-      latest.resize(f->size());
-      if (!latest.empty()) f->pread(0, latest.data(), latest.size());
-      latest = latest.substr(0, latest.find('\n'));
-    }
+    const std::string latest = read_latest(dir, &fs);
     DSCPP_CHECK(latest != tag, CheckpointError, "'", out.path,
                 "' already holds a complete checkpoint, the one 'latest' names; saving over it "
                 "would leave no whole copy if the save failed. HINT: save under another tag");

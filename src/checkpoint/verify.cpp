@@ -22,6 +22,14 @@ std::string read_small_file(io::FileSystem& fs, const std::string& path) {
 
 }  // namespace
 
+std::string read_latest(const std::string& dir, io::FileSystem* fsp) {
+  io::FileSystem& fs = io::resolve(fsp);
+  const std::string latest = dir + "/latest";
+  if (!fs.exists(latest)) return "";
+  std::string t = read_small_file(fs, latest);
+  return t.substr(0, t.find('\n'));
+}
+
 std::string resolve_tag(const std::string& dir, const std::string& tag, io::FileSystem* fsp) {
   io::FileSystem& fs = io::resolve(fsp);
   DSCPP_CHECK(fs.exists(dir), CheckpointError, "checkpoint folder '", dir, "' does not exist");
@@ -30,8 +38,7 @@ std::string resolve_tag(const std::string& dir, const std::string& tag, io::File
     const std::string latest = dir + "/latest";
     DSCPP_CHECK(fs.exists(latest), CheckpointError, "checkpoint folder '", dir,
                 "' has no 'latest' file, so no tag to load. HINT: pass the tag to load");
-    t = read_small_file(fs, latest);
-    t = t.substr(0, t.find('\n'));
+    t = read_latest(dir, &fs);
     DSCPP_CHECK(!t.empty(), CheckpointError, "'", latest, "' is empty");
     DSCPP_CHECK(fs.exists(dir + "/" + t), CheckpointError, "'", latest, "' names tag '", t,
                 "', but '", dir, "/", t, "' does not exist");

@@ -17,6 +17,10 @@ class FileSystem;
 
 namespace dscpp::checkpoint {
 
+// The tag DIR/latest names (its first line), or "" when there is no `latest`. Throws IoError
+// when it exists but cannot be read.
+std::string read_latest(const std::string& dir, io::FileSystem* fs = nullptr);
+
 // `tag` itself, or, when it is empty, the tag that DIR/latest names (its first line). Throws
 // CheckpointError naming the path when DIR does not exist, or `latest` is missing, empty or names
 // no folder.

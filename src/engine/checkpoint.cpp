@@ -16,6 +16,7 @@
 
 #include "checkpoint/manifest.h"
 #include "checkpoint/publish.h"
+#include "checkpoint/rank_files.h"
 #include "checkpoint/verify.h"
 #include "dscpp/error.h"
 #include "dscpp/safetensors.h"
@@ -402,13 +403,7 @@ LoadResult EngineImpl::load_checkpoint(const std::string& dir, const std::string
   uint64_t bytes_read = 0;
   on_every_rank("reading checkpoint '" + folder + "'", [&] {
     at::NoGradGuard no_grad;
-    std::map<int, std::unique_ptr<safetensors::Reader>> readers;
-    auto reader = [&](int q) -> safetensors::Reader& {
-      auto& r = readers[q];
-      if (!r)
-        r = std::make_unique<safetensors::Reader>(folder + "/" + m.files[q].path, file_system_);
-      return *r;
-    };
+    checkpoint::RankFiles reader(dir, m, file_system_);
     const std::vector<zero::Part> parts = strategy_->parts();
     for (const zero::CheckpointGroup& g : groups) {
       std::vector<std::pair<std::string, at::Tensor>> targets{
@@ -425,7 +420,7 @@ LoadResult EngineImpl::load_checkpoint(const std::string& dir, const std::string
         for (const checkpoint::SliceRead& r :
              checkpoint::reads_for(m, g.names[i], lo - off, hi - off)) {
           for (auto& [state, target] : targets) {
-            reader(r.rank).read(checkpoint::slice_tensor_name(m.groups[mg].name, state), r.position,
+            reader[r.rank].read(checkpoint::slice_tensor_name(m.groups[mg].name, state), r.position,
                                 target.narrow(0, lo - g.begin + r.dst, r.numel));
           }
         }
@@ -436,16 +431,16 @@ LoadResult EngineImpl::load_checkpoint(const std::string& dir, const std::string
     for (auto& [name, t] : replicated) {
       if (!saved_replicated.count(name)) continue;
       at::Tensor values = at::empty({t.numel()}, t.options());
-      reader(0).read(checkpoint::replicated_tensor_name(name), 0, values);
+      reader[0].read(checkpoint::replicated_tensor_name(name), 0, values);
       t.detach().copy_(values.view(t.sizes()));
     }
     if (!module_only && m.world_size == world) {
       // Each rank continues its own random streams (at another world size they start afresh).
-      for (const auto& [name, shape] : reader(rank).shapes()) {
+      for (const auto& [name, shape] : reader[rank].shapes()) {
         if (name != kRngCpu && !(name == kRngCuda && strategy_->options().device().is_cuda()))
           continue;
         at::Tensor st = at::empty(shape, at::kByte);
-        reader(rank).read(name, 0, st);
+        reader[rank].read(name, 0, st);
         at::Generator gen =
             name == kRngCpu ? at::detail::getDefaultCPUGenerator()
                             : at::globalContext().defaultGenerator(strategy_->options().device());
@@ -453,7 +448,7 @@ LoadResult EngineImpl::load_checkpoint(const std::string& dir, const std::string
         gen.set_state(st);
       }
     }
-    for (auto& [q, r] : readers) bytes_read += r->bytes_read();
+    bytes_read = reader.bytes_read();
   });
 
   // 4. The training-dtype parameters from the loaded values, on every rank (stages 1-3: the
