@@ -26,6 +26,10 @@ const Subcommand kSubcommands[] = {
     {"checkpoint", dscpp::tools::checkpoint_main, "verify a checkpoint offline (sizes, CRCs)"},
     {"zero-to-fp32", dscpp::tools::zero_to_fp32_main,
      "whole fp32 weights from a checkpoint of any world size and stage"},
+    {"estimate", dscpp::tools::estimate_main,
+     "model-state memory and disk per rank at every ZeRO stage, and what fits"},
+    {"io-bench", dscpp::tools::io_bench_main,
+     "direct I/O bandwidth of a folder per aio setting (for nvme offload)"},
 };
 
 void usage(std::ostream& os) {

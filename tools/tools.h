@@ -9,4 +9,6 @@ int check_main(int argc, char** argv);
 int train_main(int argc, char** argv);
 int checkpoint_main(int argc, char** argv);
 int zero_to_fp32_main(int argc, char** argv);
+int io_bench_main(int argc, char** argv);
+int estimate_main(int argc, char** argv);
 }  // namespace dscpp::tools

@@ -24,6 +24,7 @@
 #include "dscpp/process_env.h"
 #include "dscpp/safetensors.h"
 #include "dscpp/zero.h"
+#include "engine/estimate.h"
 #include "tools.h"
 #include "util/log.h"
 
@@ -171,6 +172,15 @@ int train_main(int argc, char** argv) {
   gc.n_layer = a.n_layer;
   gc.n_head = a.n_head;
   gc.n_embd = a.n_embd;
+  // The pre-flight check (NOTE [pre-flight] in src/engine/estimate.h) before the model exists:
+  // a GPT too large for this config fails here in a second, not after minutes of building it.
+  if (device.is_cpu()) {
+    engine::EstimateInput in;
+    in.params = gc.num_parameters();
+    in.largest_unit = 12 * gc.n_embd * gc.n_embd + 13 * gc.n_embd;  // a block, stage 3's unit
+    in.world = comm->world_size();
+    engine::check_fits(in, config, /*held=*/0, std::max(1, detect_process_env().local_world_size));
+  }
   // At ZeRO stage 3 the GPT is built already sharded (zero::Init): each block is sharded as soon
   // as it exists, so no rank ever holds the whole model.
   const bool stage3 = config.zero_optimization.stage == 3;
@@ -342,6 +352,11 @@ int train_main(int argc, char** argv) {
                    rank, ru.ru_maxrss / 1024.0, mem.model_states() / kMiB, mem.params / kMiB,
                    mem.grads / kMiB, mem.master / kMiB, mem.optimizer_state / kMiB,
                    mem.staging / kMiB, gc.num_parameters())
+            << (mem.offload_buffers > 0
+                    ? fmt::format("; optimizer offloaded to disk through {:.2f} MiB of swap "
+                                  "buffers",
+                                  mem.offload_buffers / kMiB)
+                    : std::string())
             << std::endl;
   if (engine.skipped_steps() > 0 && rank == 0) {
     std::cout << fmt::format(

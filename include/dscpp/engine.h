@@ -38,7 +38,8 @@ class EngineImpl;
 }
 namespace io {
 class FileSystem;
-}
+class AsyncIo;
+}  // namespace io
 
 struct InitOptions {
   // The communicator; null: dscpp::comm::init_from_env() with the config's comms_logger.
@@ -57,6 +58,10 @@ struct InitOptions {
   // The file system save_checkpoint / load_checkpoint go through (tests inject faults); null:
   // the POSIX one. Not owned; must outlive the engine.
   io::FileSystem* file_system = nullptr;
+  // The asynchronous direct I/O the offload swap files go through (tests inject faults); null:
+  // io_uring (or its thread-pool fallback) with the config's aio settings. Not owned; must
+  // outlive the engine.
+  io::AsyncIo* async_io = nullptr;
 };
 
 // DeepSpeed's load_checkpoint options (docs/checkpoint.md).
@@ -106,6 +111,9 @@ struct MemoryStats {
   // Stage 3: the most bytes of gathered unit parameters held at once so far (live units),
   // beyond the model states.
   int64_t gathered = 0;
+  // offload_optimizer nvme: the aligned buffers the swap pipeline cycles through (the master
+  // weights and optimizer state themselves are on disk, so master and optimizer_state are 0).
+  int64_t offload_buffers = 0;
   int64_t model_states() const { return params + grads + master + optimizer_state; }
 };
 

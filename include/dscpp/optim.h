@@ -42,6 +42,11 @@ struct StepContext {
   // Optimizers whose update needs the whole buffer at once (Lamb) refuse pieces
   // (supports_pieces()).
   std::optional<int64_t> offset;
+  // Not empty: this call's optimizer state, one fp32 tensor [params.numel()] per state() entry in
+  // that order, held by the caller (offload swaps a sub-group's state in from disk); the
+  // optimizer's own state is neither read nor written, and offset is not used. An optimizer
+  // built for 0 elements holds no state of its own (what offload builds).
+  std::vector<at::Tensor> state;
 };
 
 class Optimizer {

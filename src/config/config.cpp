@@ -570,12 +570,17 @@ void parse_aio(JsonReader& root, AioConfig* a) {
   check_gt<int64_t>(r, "block_size", a->block_size, 0);
   r.get("queue_depth", &a->queue_depth);
   check_gt<int64_t>(r, "queue_depth", a->queue_depth, 0);
-  r.get("thread_count", &a->thread_count);
+  // DeepSpeed's newer spelling of the I/O threads per rank.
+  r.get_aliased("thread_count", "intra_op_parallelism", &a->thread_count);
   check_gt<int64_t>(r, "thread_count", a->thread_count, 0);
   r.get("single_submit", &a->single_submit);
   r.get("overlap_events", &a->overlap_events);
-  r.unimplemented("use_gds");
-  r.unimplemented("intra_op_parallelism");
+  bool gds = false;
+  if (r.get("use_gds", &gds) && gds) {
+    r.fail("use_gds",
+           "true is not implemented: GPUDirect Storage moves data between NVMe and GPU memory, "
+           "and dscpp's swap files go through host memory. HINT: remove it");
+  }
   r.finish();
 }
 

@@ -50,14 +50,21 @@ std::vector<std::string> check_supported(const Config& c, const SupportContext& 
                 dtype, "\"");
   }
 
-  // ----- offload (stage 0 ignores it, as DeepSpeed does: the config parser says so)
-  DSCPP_CHECK(stage == 0 || z.offload_optimizer.device == "none", ConfigError,
-              "zero_optimization.offload_optimizer.device \"", z.offload_optimizer.device,
-              "\" is not implemented yet: the optimizer state stays in the training device's "
-              "memory. HINT: remove offload_optimizer (ZeRO stage ",
-              stage,
-              " already keeps only "
-              "this rank's shard of it)");
+  // ----- offload (stage 0 ignores it, as DeepSpeed does: the config parser says so).
+  // offload_optimizer cpu and nvme are honoured at stages 1-3 (set-up: build_strategy).
+  const auto& oo = z.offload_optimizer;
+  if (stage > 0 && oo.device != "none") {
+    DSCPP_CHECK(oo.ratio == 1.0, ConfigError, "zero_optimization.offload_optimizer.ratio ",
+                oo.ratio,
+                " is not implemented: dscpp offloads all of a rank's optimizer state or none "
+                "of it. HINT: remove ratio (1.0)");
+    if (oo.pin_memory) {
+      warnings.push_back(
+          "zero_optimization.offload_optimizer.pin_memory: pinned (page-locked) host memory "
+          "only speeds up copies to and from a GPU; the swap buffers are aligned for direct "
+          "I/O and the model trains on the CPU, so it changes nothing here");
+    }
+  }
   DSCPP_CHECK(stage != 3 || z.offload_param.device == "none", ConfigError,
               "zero_optimization.offload_param.device \"", z.offload_param.device,
               "\" is not implemented yet: stage 3 keeps each rank's parameter shard in the "

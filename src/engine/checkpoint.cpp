@@ -91,13 +91,18 @@ void EngineImpl::check_checkpointable(const char* what) const {
   DSCPP_CHECK(!strategy_->gathered_scope_open(), CheckpointError, what,
               "() inside a zero::GatheredParameters scope: the gathered parameters may still be "
               "written back when it closes. HINT: close the scope first");
+  DSCPP_CHECK(!swapper_, CheckpointError, what,
+              "() with zero_optimization.offload_optimizer.device \"nvme\" is not implemented "
+              "yet: the optimizer state lives in the swap files. HINT: train without "
+              "offload_optimizer to take checkpoints");
   DSCPP_CHECK(optimizer_ && !client_lr_scheduler_, CheckpointError, what,
               "() with a client optimizer or LR scheduler passed to initialize(): dscpp cannot "
               "shard and restore a torch::optim object's state yet. HINT: use the config's "
               "optimizer and scheduler sections");
 }
 
-void EngineImpl::on_every_rank(const std::string& what, const std::function<void()>& fn) {
+void EngineImpl::on_every_rank(const std::string& what, const std::function<void()>& fn,
+                               bool checkpoint_error) {
   std::exception_ptr error;
   try {
     fn();
@@ -105,7 +110,7 @@ void EngineImpl::on_every_rank(const std::string& what, const std::function<void
     error = std::current_exception();
   }
   const int world = comm_->world_size();
-  at::Tensor flags = small(world, strategy_->options().device());
+  at::Tensor flags = small(world, device_);
   if (error) flags[comm_->rank()] = 1.0;
   comm_->all_reduce(flags)->wait();
   flags = flags.cpu();
@@ -113,6 +118,9 @@ void EngineImpl::on_every_rank(const std::string& what, const std::function<void
   std::string ranks;
   for (int q = 0; q < world; ++q) {
     if (flags.data_ptr<double>()[q] > 0) ranks += (ranks.empty() ? "" : ",") + std::to_string(q);
+  }
+  if (!checkpoint_error) {
+    DSCPP_CHECK(ranks.empty(), Error, what, " failed on rank(s) ", ranks, " (its error says why)");
   }
   DSCPP_CHECK(ranks.empty(), CheckpointError, what, " failed on rank(s) ", ranks,
               " (its error says why)");

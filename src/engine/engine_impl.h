@@ -18,6 +18,8 @@
 #include "dscpp/engine.h"
 #include "dscpp/lr_schedule.h"
 #include "dscpp/optim.h"
+#include "io/async_io.h"
+#include "offload/optimizer_swapper.h"
 #include "precision/loss_scaler.h"
 #include "precision/master_weights.h"
 #include "zero/strategy.h"
@@ -59,12 +61,18 @@ class EngineImpl {
   // ----- set-up steps (setup.cpp), in the order the constructor runs them
   void resolve_batch();
   void choose_precision();
+  // The pre-flight check (NOTE [pre-flight]): throws ConfigError on every rank when the model
+  // states this config asks for do not fit the memory (or swap disk) this host has left.
+  void check_memory_fits();
   // Lays the trainable parameters out for the stage (the strategy), taking the fp32 master
   // weights on the way under mixed precision.
   void build_strategy();
   // Every rank starts from rank 0's weights, frozen parameters and buffers.
   void broadcast_initial_state(bool trainable_broadcast_done);
   void cast_the_rest();
+  // offload_optimizer nvme: this rank's swap file for a part of `part_numel` elements (its fp32
+  // weights under mixed precision, then the optimizer's states), checked on every rank.
+  void build_swapper(int64_t part_numel);
   void build_optimizer();
   void dump_state() const;
 
@@ -87,8 +95,15 @@ class EngineImpl {
   // The boundary's update: reduce, check, clip, optimizer, publish (see step()). On a
   // non-finite loss or gradient it drops the window's gradients and throws.
   void apply_step();
-  // Runs the optimizer on this rank's part, a piece at a time.
+  // Runs the optimizer on this rank's part, a piece at a time (offload: sub-group by sub-group
+  // through the swap file, publishing the training-dtype parameters as it goes).
   void run_optimizer(const Reduced& red, double unscale, double clip_coef, double lr);
+  // run_optimizer with offload_optimizer nvme: sub-group by sub-group through the swap file.
+  void run_offloaded_optimizer(const std::vector<zero::Part>& parts,
+                               const std::function<at::Tensor(const at::Tensor&)>& fp32_grads,
+                               optim::StepContext ctx);
+  // Throws the error that stopped this engine, if one did.
+  void check_usable() const;
   // Zeroes the gradients and resets the window's counters and timers.
   void abandon_window();
   // Writes this rank's window statistics where the gradient all-reduce sums them.
@@ -107,8 +122,10 @@ class EngineImpl {
   // The fp32 values of elements [offset, offset + n) of this rank's part.
   at::Tensor part_values(const std::vector<zero::Part>& parts, int64_t offset, int64_t n) const;
   // Runs `fn` on this rank, then every rank learns whether it failed on any: the failing rank
-  // rethrows its own error, the others throw CheckpointError naming it. `what` says what failed.
-  void on_every_rank(const std::string& what, const std::function<void()>& fn);
+  // rethrows its own error, the others throw CheckpointError (checkpoint_error) or Error naming
+  // it. `what` says what failed.
+  void on_every_rank(const std::string& what, const std::function<void()>& fn,
+                     bool checkpoint_error = true);
 
   std::unique_ptr<zero::Strategy> strategy_;
   std::unique_ptr<optim::Optimizer> optimizer_;
@@ -117,11 +134,21 @@ class EngineImpl {
   std::shared_ptr<torch::optim::LRScheduler> client_lr_scheduler_;
   zero::UnitPolicy zero_units_;
   io::FileSystem* file_system_ = nullptr;  // checkpoints' file access; null: POSIX
+  at::Device device_ = at::kCPU;           // the trainable parameters' device
   at::ScalarType dtype_ = at::kFloat;      // training dtype of parameters and gradients
   // fp32 weights the optimizer updates under mixed precision (this rank's part); null in fp32,
   // where the parameters themselves are.
   std::unique_ptr<precision::MasterWeights> master_;
   std::unique_ptr<precision::LossScaler> scaler_;  // fp16 only
+  // offload_optimizer nvme (src/offload/): the part's fp32 weights (mixed precision) and
+  // optimizer state live in a swap file; master_ is null and the optimizer holds no state.
+  std::unique_ptr<io::AsyncIo> own_async_io_;
+  io::AsyncIo* async_io_ = nullptr;
+  std::unique_ptr<offload::OptimizerSwapper> swapper_;
+  offload::SwapStats swap_;  // this window's swap, for the step log
+  // Set when a failure left the ranks' states apart (an offloaded step that failed on some
+  // rank): every later call throws it.
+  std::string broken_;
 
   int64_t window_micro_steps_ = 0;  // micro-steps backpropagated in the current window
   double window_loss_sum_ = 0;      // sum of this rank's micro-batch losses in the window

@@ -1,10 +1,16 @@
 // The engine's set-up: EngineImpl's constructor runs these steps in order.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#include <filesystem>
 
 #include "dscpp/error.h"
 #include "engine/check_supported.h"
 #include "engine/engine_impl.h"
+#include "engine/estimate.h"
 #include "util/log.h"
 #include "zero/presharded.h"
 #include "zero/reducer.h"
@@ -20,7 +26,8 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> model, Config config, 
       client_optimizer_(std::move(options.optimizer)),
       client_lr_scheduler_(std::move(options.lr_scheduler)),
       zero_units_(std::move(options.zero_units)),
-      file_system_(options.file_system) {
+      file_system_(options.file_system),
+      async_io_(options.async_io) {
   DSCPP_CHECK(model_, ConfigError, "initialize() was given a null model");
   SupportContext support{client_optimizer_ != nullptr, client_lr_scheduler_ != nullptr};
   std::vector<std::string> ignored = check_supported(config_, support);
@@ -30,6 +37,7 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> model, Config config, 
   }
   resolve_batch();
   choose_precision();
+  check_memory_fits();
   build_strategy();
   cast_the_rest();
   build_optimizer();
@@ -56,6 +64,25 @@ void EngineImpl::choose_precision() {
     scaler_ = std::make_unique<precision::LossScaler>(
         precision::LossScalerOptions::from_config(config_.fp16));
   }
+}
+
+void EngineImpl::check_memory_fits() {
+  // NOTE [pre-flight]: before anything is allocated, the model states this config asks for
+  // against the memory this host has left (check_fits, estimate.h). CPU models only (a GPU's
+  // memory is the device's business).
+  zero::NamedParams np = zero::trainable_parameters(*model_);
+  if (np.params.empty() || !np.params[0].device().is_cpu()) return;
+  EstimateInput in;
+  in.world = comm_->world_size();
+  int64_t held = 0;  // what the model's trainable parameters hold already (the engine reuses it)
+  for (const auto& p : np.params) {
+    in.params += p.numel();
+    if (!zero::is_presharded(p)) held += p.numel() * static_cast<int64_t>(p.element_size());
+  }
+  const int local = std::max(1, detect_process_env().local_world_size);
+  on_every_rank(
+      "the pre-flight memory check", [&] { check_fits(in, config_, held, local); },
+      /*checkpoint_error=*/false);
 }
 
 void EngineImpl::build_strategy() {
@@ -125,6 +152,22 @@ void EngineImpl::build_strategy() {
     for (auto& w : works) w->wait();
   }
   const auto param_options = np.params[0].options();
+  device_ = param_options.device();
+  // offload_optimizer (stages 1-3; check_supported refuses or warns about the rest).
+  const auto& oo = zc.offload_optimizer;
+  if (stage > 0 && oo.device == "cpu") {
+    DSCPP_CHECK(device_.is_cpu(), ConfigError,
+                "zero_optimization.offload_optimizer.device \"cpu\" with a model on ", device_,
+                " is not implemented yet: the optimizer would step in pinned host memory. HINT: "
+                "remove offload_optimizer (the state then stays in device memory), or use "
+                "device \"nvme\"");
+    if (comm_->rank() == 0) {
+      DSCPP_LOG_INFO(
+          "zero_optimization.offload_optimizer.device \"cpu\": the model is on the CPU, so its "
+          "optimizer state and fp32 weights already live in CPU memory; nothing moves");
+    }
+  }
+  const bool nvme = stage > 0 && oo.device == "nvme";
   if (stage == 3) {
     zero::check_each_matches(*model_, zero_units_, zc.leaf_module);
     zero::Stage3Options s3;
@@ -135,7 +178,12 @@ void EngineImpl::build_strategy() {
     s3.max_reuse_distance = zc.stage3_max_reuse_distance;
     s3.debug = comm::CommOptions::from_config(&config_).debug_sync;
     zero::PartTapFactory make_tap;
-    if (mixed) {
+    if (mixed && nvme) {
+      make_tap = [this](int64_t part_numel) -> zero::PartTap {
+        build_swapper(part_numel);
+        return [s = swapper_.get()](int64_t off, const at::Tensor& v) { s->write(0, off, v); };
+      };
+    } else if (mixed) {
       make_tap = [this, param_options](int64_t part_numel) -> zero::PartTap {
         master_ = std::make_unique<precision::MasterWeights>(part_numel, param_options);
         return [m = master_.get()](int64_t off, const at::Tensor& v) { m->take(off, v); };
@@ -144,15 +192,22 @@ void EngineImpl::build_strategy() {
     strategy_ = std::make_unique<zero::Stage3>(*model_, std::move(np), *comm_, so, s3, make_tap);
   } else {
     zero::FlattenTap tap;
-    if (mixed) {
-      const int64_t begin = stage == 0 ? 0 : layout.shard_offset(comm_->rank());
-      const int64_t len = stage == 0 ? layout.numel : layout.shard;
+    const int64_t begin = stage == 0 ? 0 : layout.shard_offset(comm_->rank());
+    const int64_t len = stage == 0 ? layout.numel : layout.shard;
+    if (mixed && nvme) {
+      build_swapper(len);
+      tap = precision::part_tap(begin, len, [s = swapper_.get()](int64_t off, const at::Tensor& v) {
+        s->write(0, off, v);
+      });
+    } else if (mixed) {
       master_ = std::make_unique<precision::MasterWeights>(len, param_options);
       tap = master_->tap(begin);
     }
     strategy_ = stage == 0 ? zero::make_stage0(std::move(np), layout, *comm_, so, tap)
                            : zero::make_stage1_2(std::move(np), layout, *comm_, so, tap);
   }
+  if (nvme && !swapper_) build_swapper(strategy_->part_numel());  // fp32: only the states
+  if (swapper_) swapper_->flush();
   if (stage > 0 && stage < 3) {
     DSCPP_LOG_INFO("ZeRO stage {}: {} parameters padded to {}, this rank updates [{}, {})", stage,
                    layout.numel, layout.padded, strategy_->part_begin(),
@@ -189,6 +244,68 @@ void EngineImpl::cast_the_rest() {
   }
 }
 
+namespace {
+constexpr decltype(statfs::f_type) kTmpfsMagic = 0x01021994, kRamfsMagic = 0x858458f6;
+}  // namespace
+
+void EngineImpl::build_swapper(int64_t part_numel) {
+  const auto& oo = config_.zero_optimization.offload_optimizer;
+  offload::SwapperOptions so;
+  so.path = fmt::format("{}/dscpp_optimizer_rank{}_pid{}.swp", oo.nvme_path.value_or(""),
+                        comm_->rank(), getpid());
+  so.numel = part_numel;
+  if (dtype_ != at::kFloat) {
+    so.names.push_back("fp32 weights");
+    so.initial.push_back(0.0f);  // written by the tap as the model is flattened
+  }
+  // A fresh optimizer of one element shows each state's name and starting value.
+  for (const auto& [name, t] : optim::make_optimizer(config_.optimizer, 1, at::kFloat)->state()) {
+    so.names.push_back(name);
+    so.initial.push_back(t.item<float>());
+  }
+  so.sub_group_size = config_.zero_optimization.sub_group_size;
+  so.buffer_count = static_cast<int>(std::min<int64_t>(oo.buffer_count, 3));
+  so.pipeline_read = oo.pipeline_read;
+  so.pipeline_write = oo.pipeline_write;
+  on_every_rank(
+      "preparing the optimizer's swap file in offload_optimizer.nvme_path",
+      [&] {
+        const std::string& dir = *oo.nvme_path;
+        std::error_code ec;
+        DSCPP_CHECK(std::filesystem::exists(dir, ec), ConfigError,
+                    "zero_optimization.offload_optimizer.nvme_path '", dir,
+                    "' does not exist on rank ", comm_->rank(),
+                    ". HINT: create it (on a fast local disk) on every host");
+        DSCPP_CHECK(std::filesystem::is_directory(dir, ec), ConfigError,
+                    "zero_optimization.offload_optimizer.nvme_path '", dir,
+                    "' is not a directory. HINT: point it at a folder on a fast local disk");
+        struct statfs fs {};
+        if (::statfs(dir.c_str(), &fs) == 0 &&
+            (fs.f_type == kTmpfsMagic || fs.f_type == kRamfsMagic)) {
+          DSCPP_LOG_WARN(
+              "zero_optimization.offload_optimizer.nvme_path '{}' is on a memory file system "
+              "(tmpfs): the swapped state still takes memory, so offloading there saves none",
+              dir);
+        }
+        if (!async_io_) {
+          own_async_io_ = io::make_async_io(io::AioOptions::from_config(config_.aio));
+          async_io_ = own_async_io_.get();
+        }
+        swapper_ = std::make_unique<offload::OptimizerSwapper>(*async_io_, so);
+      },
+      /*checkpoint_error=*/false);
+  if (comm_->rank() == 0) {
+    DSCPP_LOG_INFO(
+        "offload_optimizer nvme: each rank's {} ({} elements) in a {:.2f} GiB swap file in {}, "
+        "{} sub-group(s) of up to {} elements through {:.1f} MiB of buffers (read ahead: {}, "
+        "write behind: {}); {}",
+        fmt::join(so.names, ", "), part_numel, swapper_->file_bytes() / double(1 << 30),
+        *oo.nvme_path, swapper_->sub_groups(), so.sub_group_size,
+        swapper_->buffer_bytes() / double(1 << 20), oo.pipeline_read, oo.pipeline_write,
+        async_io_->describe());
+  }
+}
+
 void EngineImpl::build_optimizer() {
   if (client_optimizer_) {
     DSCPP_CHECK(config_.optimizer.type.empty(), ConfigError,
@@ -199,10 +316,13 @@ void EngineImpl::build_optimizer() {
                 "the config has no optimizer section and no optimizer was passed to "
                 "initialize(). HINT: add {\"optimizer\": {\"type\": \"AdamW\", \"params\": "
                 "{\"lr\": 1e-3}}}");
-    // Over this rank's part: everything at stage 0, its shard at stages 1-2.
-    optimizer_ = optim::make_optimizer(config_.optimizer, strategy_->part_numel(),
-                                       strategy_->options().dtype(at::kFloat),
-                                       strategy_->optimizer_segments());
+    // Over this rank's part: everything at stage 0, its shard at stages 1-3; none when the
+    // state is swapped in from disk for each sub-group (StepContext::state).
+    const size_t weights = dtype_ != at::kFloat ? 1 : 0;
+    const bool swapped_state = swapper_ && swapper_->names().size() > weights;
+    optimizer_ = optim::make_optimizer(
+        config_.optimizer, swapped_state ? 0 : strategy_->part_numel(),
+        strategy_->options().dtype(at::kFloat), strategy_->optimizer_segments());
   }
   if (client_lr_scheduler_) {
     DSCPP_CHECK(config_.scheduler.type.empty(), ConfigError,

@@ -5,4 +5,5 @@ target_sources(dscpp PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/setup.cpp
   ${CMAKE_CURRENT_LIST_DIR}/step.cpp
   ${CMAKE_CURRENT_LIST_DIR}/checkpoint.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/check_supported.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/check_supported.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/estimate.cpp)

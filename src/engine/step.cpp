@@ -68,6 +68,7 @@ void EngineImpl::backward(const at::Tensor& loss) {
   DSCPP_CHECK(loss.defined() && loss.numel() == 1, Error,
               "backward() needs the scalar loss of this micro-batch, got a tensor of ",
               loss.defined() ? loss.numel() : 0, " elements");
+  check_usable();
   strategy_->before_backward(loss);
   auto t0 = Clock::now();
   double value = loss.item<double>();
@@ -139,6 +140,7 @@ void EngineImpl::backward(const at::Tensor& loss) {
 }
 
 void EngineImpl::step() {
+  check_usable();
   const bool boundary = is_gradient_accumulation_boundary();
   if (boundary) {
     DSCPP_CHECK(no_sync_depth_ == 0, Error,
@@ -319,6 +321,7 @@ void EngineImpl::apply_step() {
       global_steps_, loss,       lr,   grad_norm, window_s > 0 ? train_batch_size() / window_s : 0,
       window_s,      used_scale, false};
   fetch_ = strategy_->take_fetch_stats();
+  if (swapper_) swap_ = swapper_->take_stats();
   if (config_.steps_per_print > 0 && global_steps_ % config_.steps_per_print == 0) log_step();
   abandon_window();  // zeroes the gradients, resets the window's counters and timers
 }
@@ -341,6 +344,7 @@ void EngineImpl::run_optimizer(const Reduced& red, double unscale, double coef, 
   ctx.lr = lr;
   ctx.step = global_steps_ + 1 - skipped_steps_;
   ctx.betas_override = lr_schedule_ ? lr_schedule_->get_betas() : std::nullopt;
+  if (swapper_) return run_offloaded_optimizer(red.parts, fp32_grads, ctx);
   const int64_t total = strategy_->part_numel();
   const bool pieces = dtype_ != at::kFloat && optimizer_->supports_pieces();
   for (const auto& part : red.parts) {
@@ -354,6 +358,60 @@ void EngineImpl::run_optimizer(const Reduced& red, double unscale, double coef, 
       optimizer_->step(w, fp32_grads(part.grads.narrow(0, off, len)), ctx);
     }
   }
+}
+
+void EngineImpl::run_offloaded_optimizer(
+    const std::vector<zero::Part>& parts,
+    const std::function<at::Tensor(const at::Tensor&)>& fp32_grads, optim::StepContext ctx) {
+  // Sub-group by sub-group through the swap file (NOTE [swap file layout]): its tensors are the
+  // fp32 weights (mixed precision), then the optimizer's states. A sub-group may span parts
+  // (stage 3's units); each overlap is one optimizer call, and under mixed precision its
+  // updated weights are cast into the parameters at once (what MasterWeights::publish does
+  // for the whole part otherwise).
+  const bool mixed = dtype_ != at::kFloat;
+  const size_t first_state = mixed ? 1 : 0;
+  std::exception_ptr error;
+  try {
+    swapper_->for_each_sub_group(
+        [&](int64_t begin, int64_t length, const std::vector<at::Tensor>& t) {
+          for (const auto& part : parts) {
+            const int64_t n = part.params.numel();
+            const int64_t lo = std::max(begin, part.offset);
+            const int64_t hi = std::min(begin + length, part.offset + n);
+            if (lo >= hi) continue;
+            at::Tensor params = part.params.narrow(0, lo - part.offset, hi - lo);
+            at::Tensor w = mixed ? t[0].narrow(0, lo - begin, hi - lo) : params;
+            ctx.state.clear();
+            for (size_t i = first_state; i < t.size(); ++i)
+              ctx.state.push_back(t[i].narrow(0, lo - begin, hi - lo));
+            if (ctx.state.empty()) ctx.offset = lo;  // a stateless optimizer (SGD, no momentum)
+            optimizer_->step(w, fp32_grads(part.grads.narrow(0, lo - part.offset, hi - lo)), ctx);
+            if (mixed) params.copy_(w);
+          }
+        });
+  } catch (...) {
+    error = std::current_exception();
+  }
+  // Ranks whose swap failed have a part that is neither the old one nor the new one, while the
+  // others updated theirs: no rank may go on (the next all-gather would mix them). Every rank
+  // learns it here, before publishing, and the engine refuses further steps.
+  try {
+    on_every_rank(
+        "the offloaded optimizer step " + std::to_string(global_steps_ + 1),
+        [&] {
+          if (error) std::rethrow_exception(error);
+        },
+        /*checkpoint_error=*/false);
+  } catch (const std::exception& e) {
+    broken_ = std::string(e.what()) +
+              "; this engine cannot train on (its ranks' states differ). HINT: fix the cause "
+              "and restart from the last checkpoint";
+    throw;
+  }
+}
+
+void EngineImpl::check_usable() const {
+  DSCPP_CHECK(broken_.empty(), Error, "the engine stopped after an earlier failure: ", broken_);
 }
 
 void EngineImpl::skip_step(double loss, double lr) {
@@ -385,6 +443,7 @@ MemoryStats EngineImpl::memory_stats() {
   }
   m.staging = strategy_->staging_bytes();
   m.gathered = strategy_->gathered_peak_bytes();
+  if (swapper_) m.offload_buffers = swapper_->buffer_bytes();
   return m;
 }
 
@@ -417,6 +476,14 @@ void EngineImpl::log_step() const {
           ", waiting for stage-3 parameter gathers {:.1f} ms ({} gathers, {} "
           "prefetched)",
           fetch_.wait_seconds * 1e3, fetch_.gathers, fetch_.prefetched);
+    }
+    if (swapper_) {
+      line += fmt::format(
+          "; offloaded optimizer {:.1f} ms: read {:.1f} MiB, wrote {:.1f} MiB, waited for the "
+          "disk {:.1f} ms, stepped {:.1f} ms",
+          swap_.total_seconds * 1e3, swap_.bytes_read / double(1 << 20),
+          swap_.bytes_written / double(1 << 20), swap_.wait_seconds * 1e3,
+          swap_.step_seconds * 1e3);
     }
   }
   DSCPP_LOG_INFO("{}", line);

@@ -20,7 +20,7 @@ std::vector<std::pair<std::string, at::Tensor>> Adagrad::state() { return {{"sum
 void Adagrad::step(at::Tensor& params, const at::Tensor& grads, const StepContext& ctx) {
   check_step_args(params, grads, ctx, sum_);
   // This call's range of the state (StepContext::offset).
-  at::Tensor sum = detail::range_of(sum_, ctx, params);
+  at::Tensor sum = detail::state_of(ctx, 0, sum_, params);
   const double wd = params_.weight_decay, eps = params_.eps;
   const double clr = ctx.lr / (1.0 + static_cast<double>(ctx.step - 1) * params_.lr_decay);
 

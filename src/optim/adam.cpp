@@ -36,8 +36,8 @@ std::vector<std::pair<std::string, at::Tensor>> Adam::state() {
 void Adam::step(at::Tensor& params, const at::Tensor& grads, const StepContext& ctx) {
   check_step_args(params, grads, ctx, exp_avg_);
   // This call's range of the state (StepContext::offset).
-  at::Tensor exp_avg = detail::range_of(exp_avg_, ctx, params);
-  at::Tensor exp_avg_sq = detail::range_of(exp_avg_sq_, ctx, params);
+  at::Tensor exp_avg = detail::state_of(ctx, 0, exp_avg_, params);
+  at::Tensor exp_avg_sq = detail::state_of(ctx, 1, exp_avg_sq_, params);
   const auto [beta1, beta2] = detail::step_betas(ctx, params_.betas);
   const double lr = ctx.lr, wd = params_.weight_decay, eps = params_.eps;
   // Bias corrections: step_size = lr / (1 - beta1^t), denominators scaled by 1/sqrt(1-beta2^t).

@@ -24,7 +24,7 @@ std::vector<std::pair<std::string, at::Tensor>> Lion::state() { return {{"exp_av
 void Lion::step(at::Tensor& params, const at::Tensor& grads, const StepContext& ctx) {
   check_step_args(params, grads, ctx, exp_avg_);
   // This call's range of the state (StepContext::offset).
-  at::Tensor exp_avg = detail::range_of(exp_avg_, ctx, params);
+  at::Tensor exp_avg = detail::state_of(ctx, 0, exp_avg_, params);
   const auto [beta1, beta2] = detail::step_betas(ctx, params_.betas);
   const double lr = ctx.lr, wd = params_.weight_decay;
 

@@ -16,9 +16,21 @@ void Optimizer::check_step_args(const at::Tensor& params, const at::Tensor& grad
   DSCPP_CHECK(params.defined() && grads.defined(), Error, name(),
               ".step: params and grads must be defined tensors");
   const int64_t off = ctx.offset.value_or(0);
-  DSCPP_CHECK(params.numel() == grads.numel() &&
-                  (ctx.offset ? supports_pieces() && off >= 0 && off + params.numel() <= numel_
-                              : params.numel() == numel_),
+  if (!ctx.state.empty()) {
+    DSCPP_CHECK(supports_pieces() && params.numel() == grads.numel(), Error, name(),
+                ".step: StepContext::state (the caller's state) needs an optimizer that steps "
+                "pieces and grads of params' length");
+    for (const at::Tensor& s : ctx.state) {
+      DSCPP_CHECK(s.defined() && s.numel() == params.numel() && s.is_contiguous() &&
+                      s.device() == params.device() && s.scalar_type() == at::kFloat,
+                  Error, name(), ".step: each StepContext::state tensor must be contiguous fp32 [",
+                  params.numel(), "] on ", params.device());
+    }
+  }
+  DSCPP_CHECK(!ctx.state.empty() ||
+                  (params.numel() == grads.numel() &&
+                   (ctx.offset ? supports_pieces() && off >= 0 && off + params.numel() <= numel_
+                               : params.numel() == numel_)),
               Error, name(), ".step: params has ", params.numel(), " and grads ", grads.numel(),
               " elements", ctx.offset ? " at offset " + std::to_string(off) : std::string(),
               ", the optimizer was built for ", numel_,
@@ -32,7 +44,7 @@ void Optimizer::check_step_args(const at::Tensor& params, const at::Tensor& grad
               grads.scalar_type(), ") must be floating point");
   DSCPP_CHECK(params.device() == grads.device(), Error, name(), ".step: params on ",
               params.device(), " but grads on ", grads.device());
-  if (any_state.defined()) {
+  if (any_state.defined() && ctx.state.empty()) {
     DSCPP_CHECK(params.device() == any_state.device(), Error, name(), ".step: params on ",
                 params.device(), " but the optimizer state on ", any_state.device(),
                 ". HINT: make the optimizer with the options (device) of the buffer it updates");

@@ -25,7 +25,7 @@ std::vector<std::pair<std::string, at::Tensor>> SGD::state() {
 void SGD::step(at::Tensor& params, const at::Tensor& grads, const StepContext& ctx) {
   check_step_args(params, grads, ctx, momentum_buffer_);
   // This call's range of the state (StepContext::offset).
-  at::Tensor momentum_buffer = detail::range_of(momentum_buffer_, ctx, params);
+  at::Tensor momentum_buffer = detail::state_of(ctx, 0, momentum_buffer_, params);
   const double lr = ctx.lr, wd = params_.weight_decay, dampening = params_.dampening;
   // OneCycle-style override of the momentum (only with a momentum buffer).
   const double momentum = ctx.betas_override && momentum_buffer.defined()

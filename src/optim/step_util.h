@@ -23,10 +23,13 @@ std::optional<KernelPath> fused_path(const at::Tensor& params, const at::Tensor&
 // is needed; never modified in place).
 at::Tensor unscaled_grads(const at::Tensor& grads, const at::Tensor& like, double grad_scale);
 
-// This step's elements of a state tensor: [offset, offset + params.numel()), offset 0 for the
-// whole buffer (undefined stays undefined).
-inline at::Tensor range_of(const at::Tensor& state, const StepContext& ctx, const at::Tensor& params) {
-  return state.defined() ? state.narrow(0, ctx.offset.value_or(0), params.numel()) : state;
+// This step's elements of state tensor i (`own`, the optimizer's): the caller's
+// StepContext::state[i] when it passes the state, else own's [offset, offset + params.numel()),
+// offset 0 for the whole buffer (undefined stays undefined).
+inline at::Tensor state_of(const StepContext& ctx, size_t i, const at::Tensor& own,
+                           const at::Tensor& params) {
+  if (!ctx.state.empty()) return ctx.state.at(i);
+  return own.defined() ? own.narrow(0, ctx.offset.value_or(0), params.numel()) : own;
 }
 
 // ctx.betas_override, else the configured betas.

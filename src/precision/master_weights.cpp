@@ -15,12 +15,18 @@ void MasterWeights::take(int64_t part_offset, const at::Tensor& values) {
   weights_.narrow(0, part_offset, values.numel()).copy_(values.reshape({-1}));
 }
 
-zero::FlattenTap MasterWeights::tap(int64_t begin) {
-  return [this, begin](int64_t offset, const at::Tensor& values) {
-    const int64_t end = begin + weights_.numel();
+zero::FlattenTap part_tap(int64_t begin, int64_t numel,
+                          std::function<void(int64_t part_offset, const at::Tensor& values)> take) {
+  return [begin, numel, take = std::move(take)](int64_t offset, const at::Tensor& values) {
+    const int64_t end = begin + numel;
     const int64_t lo = std::max(offset, begin), hi = std::min(offset + values.numel(), end);
     if (lo < hi) take(lo - begin, values.narrow(0, lo - offset, hi - lo));
   };
+}
+
+zero::FlattenTap MasterWeights::tap(int64_t begin) {
+  return part_tap(begin, weights_.numel(),
+                  [this](int64_t off, const at::Tensor& v) { take(off, v); });
 }
 
 void MasterWeights::publish(const std::vector<zero::Part>& parts) const {

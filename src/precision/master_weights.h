@@ -8,12 +8,18 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "zero/partition.h"
 #include "zero/strategy.h"
 
 namespace dscpp::precision {
+
+// A tap for zero::flatten_parameters that hands `take(part_offset, values)` the piece of each
+// parameter falling in [begin, begin + numel) of the flat buffer (this rank's part).
+zero::FlattenTap part_tap(int64_t begin, int64_t numel,
+                          std::function<void(int64_t part_offset, const at::Tensor& values)> take);
 
 class MasterWeights {
  public:

@@ -1019,3 +1019,23 @@ TEST(ConfigStrings, EditDistanceAndNearestMatch) {
 
 }  // namespace
 }  // namespace dscpp
+
+namespace dscpp {
+namespace {
+
+// aio: DeepSpeed's newer intra_op_parallelism is thread_count; use_gds (GPUDirect Storage) true
+// is refused, since dscpp's swap goes through host memory.
+TEST(ConfigAio, IntraOpParallelismIsThreadCountAndGdsIsRefused) {
+  EXPECT_EQ(Config::parse(R"({"aio": {"intra_op_parallelism": 3}})").aio.thread_count, 3);
+  EXPECT_FALSE(Config::parse(R"({"aio": {"use_gds": false}})").aio.single_submit);
+  std::string msg;
+  try {
+    Config::parse(R"({"aio": {"use_gds": true}})");
+  } catch (const ConfigError& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("aio.use_gds: true is not implemented"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace dscpp

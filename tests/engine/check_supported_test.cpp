@@ -44,14 +44,13 @@ TEST(CheckSupported, SettingsThatWouldChangeTrainingOrMemoryAreRefusedByName) {
   for (const Case& c : std::vector<Case>{
            {R"(, "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}})",
             "offload_param.device \"cpu\""},
-           {R"(, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}})",
-            "offload_optimizer.device \"cpu\""},
+           {R"(, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme",
+               "nvme_path": "/tmp", "ratio": 0.5}})",
+            "offload_optimizer.ratio 0.5"},
            {R"(, "zero_optimization": {"stage": 1}, "optimizer": {"type": "Lamb", "params": {}})",
             "Lamb"},
            {R"(, "fp16": {"enabled": true, "auto_cast": true})", "fp16.auto_cast"},
            {R"(, "communication_data_type": "fp16")", "communication_data_type \"fp16\""},
-           {R"(, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}})",
-            "offload_optimizer.device \"cpu\""},
            {R"(, "activation_checkpointing": {"partition_activations": true})",
             "activation_checkpointing.partition_activations"},
            {R"(, "activation_checkpointing": {"cpu_checkpointing": true})",
@@ -91,13 +90,27 @@ TEST(CheckSupported, ObserversAreAcceptedWithAWarning) {
       "zero_optimization": {"allgather_partitions": false,
                             "stage3_gather_16bit_weights_on_model_save": true})");
   ASSERT_EQ(w.size(), 7u);
-  for (const char* key :
-       {"tensorboard.enabled", "csv_monitor.enabled", "wandb.enabled", "flops_profiler.enabled",
-        "activation_checkpointing.profile", "allgather_partitions",
-        "stage3_gather_16bit_weights_on_model_save"}) {
+  for (const char* key : {"tensorboard.enabled", "csv_monitor.enabled", "wandb.enabled",
+                          "flops_profiler.enabled", "activation_checkpointing.profile",
+                          "allgather_partitions", "stage3_gather_16bit_weights_on_model_save"}) {
     bool found = false;
     for (const auto& s : w) found = found || s.find(key) != std::string::npos;
     EXPECT_TRUE(found) << key;
+  }
+}
+
+// Optimizer offload is honoured at stages 1-3 (tests/offload/); pin_memory, which only speeds up
+// GPU copies, is said to change nothing.
+TEST(CheckSupported, OptimizerOffloadAtStages1To3) {
+  for (int stage : {1, 2, 3}) {
+    const std::string z = R"(, "zero_optimization": {"stage": )" + std::to_string(stage);
+    EXPECT_TRUE(check(z + R"(, "offload_optimizer": {"device": "cpu"}})").empty());
+    EXPECT_TRUE(check(z + R"(, "offload_optimizer": {"device": "nvme", "nvme_path": "/x",
+        "fast_init": true, "buffer_count": 8, "pipeline_read": true}})")
+                    .empty());
+    auto w = check(z + R"(, "offload_optimizer": {"device": "cpu", "pin_memory": true}})");
+    ASSERT_EQ(w.size(), 1u);
+    EXPECT_NE(w[0].find("pin_memory"), std::string::npos);
   }
 }
 

@@ -99,11 +99,14 @@ struct Trajectory {
 // Trains `steps` optimizer steps on the data contract's no-shuffle order: step s uses samples
 // (s*B + i) mod N; rank r, micro-step k gets i in [(k*world + r)*b, +b). `client` (may be null)
 // installs a client optimizer; otherwise the config's optimizer is used.
+// `adjust` (may be null) changes the other InitOptions (an injected AsyncIo, say).
 using ClientOptimizer = std::function<std::shared_ptr<torch::optim::Optimizer>(Net&)>;
-Trajectory train_with(Communicator& c, int steps, const std::string& cfg, const ClientOptimizer& client) {
+Trajectory train_with(Communicator& c, int steps, const std::string& cfg, const ClientOptimizer& client,
+                      const std::function<void(InitOptions&)>& adjust = nullptr) {
   Net net = make_net(100 + c.rank());
   InitOptions opts = borrowed(c);
   if (client) opts.optimizer = client(net);
+  if (adjust) adjust(opts);
   auto engine = initialize(net.ptr(), cfg, opts);
   const int B = engine->train_batch_size(), b = engine->train_micro_batch_size_per_gpu();
   const int gas = engine->gradient_accumulation_steps(), world = c.world_size();
@@ -159,10 +162,12 @@ struct Case {
 const std::string kAdamW = ", \"gradient_clipping\": 0.05, \"optimizer\": {\"type\": \"AdamW\", "
                            "\"params\": {\"lr\": 0.01, \"weight_decay\": 0.1}}";
 
-// Runs train_cfg on `world` thread ranks; one trajectory per rank.
-std::vector<Trajectory> run_ranks(int world, int steps, const std::string& cfg) {
+// Runs train_cfg on `world` thread ranks; one trajectory per rank. `adjust`: see train_with.
+std::vector<Trajectory> run_ranks(int world, int steps, const std::string& cfg,
+                                  const std::function<void(InitOptions&)>& adjust = nullptr) {
   std::vector<Trajectory> out(world);
-  auto errors = testing::run_thread_ranks(world, [&](Communicator& c) { out[c.rank()] = train_cfg(c, steps, cfg); });
+  auto errors = testing::run_thread_ranks(
+      world, [&](Communicator& c) { out[c.rank()] = train_with(c, steps, cfg, nullptr, adjust); });
   for (auto& e : errors) EXPECT_FALSE(e) << cfg << ": " << testing::error_text(e);
   return out;
 }

@@ -1,0 +1,212 @@
+// Implements the model-state estimates (estimate.h).
+#include "engine/estimate.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <sys/statvfs.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <string>
+
+#include "dscpp/error.h"
+#include "dscpp/optim.h"
+#include "io/async_io.h"
+#include "util/log.h"
+
+namespace dscpp::engine {
+
+std::string Estimate::describe() const {
+  return fmt::format("stage {}{}", stage, offload_optimizer == "nvme" ? ", optimizer on nvme" : "");
+}
+
+Estimate estimate(const EstimateInput& in, const Config& c, int stage,
+                  const std::string& offload_optimizer) {
+  Estimate e;
+  e.stage = stage;
+  e.offload_optimizer = stage > 0 ? offload_optimizer : "none";
+  const bool mixed = c.bf16.enabled || c.fp16.enabled;
+  const int64_t b = mixed ? 2 : 4;  // bytes per element in the training dtype
+  const int64_t psi = in.params;
+  const int64_t part = stage == 0 ? psi : (psi + in.world - 1) / in.world;
+  // fp32 numbers per element of the part beside the parameters: the master weight (mixed
+  // precision) and each optimizer state. A fresh optimizer of one element shows how many.
+  const int64_t states =
+      c.optimizer.type.empty()
+          ? 0
+          : static_cast<int64_t>(optim::make_optimizer(c.optimizer, 1, at::kFloat)->state().size());
+  e.params = (stage == 3 ? part : psi) * b;
+  e.grads = (stage >= 2 ? part : psi) * b;
+  if (e.offload_optimizer == "nvme") {
+    const int64_t T = states + (mixed ? 1 : 0);
+    const int64_t sub = std::min<int64_t>(c.zero_optimization.sub_group_size, part);
+    const int64_t groups = sub > 0 ? (part + sub - 1) / sub : 0;
+    const auto& oo = c.zero_optimization.offload_optimizer;
+    const int64_t wanted = 1 + (oo.pipeline_read ? 1 : 0) + (oo.pipeline_write ? 1 : 0);
+    const int64_t slots =
+        std::min<int64_t>({std::max<int64_t>(oo.buffer_count, 1), wanted, groups});
+    e.swap_buffers = slots * T * static_cast<int64_t>(io::align_up(4 * sub));
+    for (int64_t g = 0; g < groups; ++g) {
+      e.disk += T * static_cast<int64_t>(io::align_up(4 * std::min(sub, part - g * sub)));
+    }
+  } else {
+    e.master = mixed ? part * 4 : 0;
+    e.optimizer_state = states * part * 4;
+  }
+  if (stage == 3) e.live_unit = in.largest_unit * b;
+  return e;
+}
+
+Estimate estimate(const EstimateInput& in, const Config& c) {
+  return estimate(in, c, c.zero_optimization.stage, c.zero_optimization.offload_optimizer.device);
+}
+
+std::vector<Estimate> estimate_all(const EstimateInput& in, const Config& c) {
+  std::vector<Estimate> out;
+  for (int stage = 0; stage <= 3; ++stage) {
+    out.push_back(estimate(in, c, stage, "none"));
+    if (stage > 0) out.push_back(estimate(in, c, stage, "nvme"));
+  }
+  return out;
+}
+
+namespace {
+
+// A value of /proc/meminfo in bytes ("MemAvailable"), or -1.
+int64_t meminfo(const std::string& key) {
+  std::ifstream f("/proc/meminfo");
+  std::string name, unit;
+  int64_t kib = 0;
+  while (f >> name >> kib) {
+    std::getline(f, unit);
+    if (name == key + ":") return kib * 1024;
+  }
+  return -1;
+}
+
+// A number in a cgroup v2 file ("max" or missing: -1).
+int64_t cgroup_value(const std::string& file) {
+  std::ifstream f("/sys/fs/cgroup/" + file);
+  std::string v;
+  if (!(f >> v) || v == "max") return -1;
+  return std::strtoll(v.c_str(), nullptr, 10);
+}
+
+int64_t parse_bytes(const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  int shift = 0;
+  switch (end && *end ? std::toupper(*end) : 0) {
+    case 0:
+      break;
+    case 'K':
+      shift = 10;
+      break;
+    case 'M':
+      shift = 20;
+      break;
+    case 'G':
+      shift = 30;
+      break;
+    case 'T':
+      shift = 40;
+      break;
+    default:
+      shift = -1;
+  }
+  DSCPP_CHECK(v > 0 && shift >= 0 &&
+                  (!*end || !end[1] || std::toupper(end[1]) == 'B' || std::toupper(end[1]) == 'I'),
+              ConfigError, "DSCPP_MEMORY_LIMIT='", text,
+              "' is not a number of bytes. HINT: for example 3G, 512M or 3221225472");
+  return static_cast<int64_t>(v * static_cast<double>(int64_t{1} << shift));
+}
+
+}  // namespace
+
+int64_t available_memory(std::string* source) {
+  if (const char* env = std::getenv("DSCPP_MEMORY_LIMIT"); env && *env) {
+    if (source) *source = std::string("DSCPP_MEMORY_LIMIT=") + env;
+    return parse_bytes(env);
+  }
+  int64_t avail = meminfo("MemAvailable");
+  if (source) *source = "MemAvailable";
+  const int64_t max = cgroup_value("memory.max"), current = cgroup_value("memory.current");
+  if (max > 0 && current >= 0 && (avail < 0 || max - current < avail)) {
+    avail = std::max<int64_t>(0, max - current);
+    if (source) *source = "the cgroup's memory.max";
+  }
+  return avail;
+}
+
+void check_fits(const EstimateInput& in, const Config& config, int64_t held, int local) {
+  if (const char* skip = std::getenv("DSCPP_SKIP_MEMORY_CHECK"); skip && std::string(skip) == "1") {
+    static std::once_flag said;
+    std::call_once(said, [] {
+      DSCPP_LOG_WARN("DSCPP_SKIP_MEMORY_CHECK=1: the pre-flight memory check is off");
+    });
+    return;
+  }
+  const Estimate e = estimate(in, config);
+  std::string source;
+  const int64_t avail = available_memory(&source);
+  const int64_t needed = std::max<int64_t>(0, e.memory() - held) * local;
+  if (avail >= 0 && needed > avail) {
+    std::string fits;
+    auto fit = [&](const Estimate& o) {
+      return std::max<int64_t>(0, o.memory() - held) * local <= avail;
+    };
+    // Offload with the config's sub-groups, or else with small pipelined ones (the default
+    // sub_group_size makes one buffer as large as the state it replaces).
+    Config small = config;
+    small.zero_optimization.sub_group_size = 10000000;
+    small.zero_optimization.offload_optimizer.pipeline_read = true;
+    small.zero_optimization.offload_optimizer.pipeline_write = true;
+    for (const Estimate& o : estimate_all(in, config)) {
+      if (fit(o)) {
+        fits += fmt::format("\n  {}: {} per rank", o.describe(), format_bytes(o.memory()));
+      } else if (o.offload_optimizer == "nvme") {
+        const Estimate s = estimate(in, small, o.stage, "nvme");
+        if (fit(s)) {
+          fits += fmt::format(
+              "\n  {} with sub_group_size 10000000, pipeline_read and pipeline_write: {} per rank",
+              s.describe(), format_bytes(s.memory()));
+        }
+      }
+    }
+    DSCPP_FAIL(
+        ConfigError, "the model states of ", in.params, " trainable parameters at ", e.describe(),
+        " need ", format_bytes(e.memory()), " per rank (parameters ", format_bytes(e.params),
+        ", gradients ", format_bytes(e.grads), ", fp32 master weights ", format_bytes(e.master),
+        ", optimizer state ", format_bytes(e.optimizer_state),
+        e.swap_buffers ? ", swap buffers " + format_bytes(e.swap_buffers) : "",
+        e.live_unit ? ", largest unit " + format_bytes(e.live_unit) : "", "); with ", local,
+        " rank(s) on this host that is ", format_bytes(needed),
+        held ? " beyond what the model holds already" : "", ", but ", format_bytes(avail),
+        " is available (", source,
+        "). Settings that fit:", fits.empty() ? std::string("\n  none on this many ranks") : fits,
+        "\nHINT: choose one of those (docs/offload.md), add ranks or hosts, or set "
+        "DSCPP_SKIP_MEMORY_CHECK=1 to start anyway (dscpp estimate prints the table)");
+  }
+  if (e.disk > 0) {
+    const std::string dir = config.zero_optimization.offload_optimizer.nvme_path.value_or("");
+    struct statvfs fs {};
+    if (::statvfs(dir.c_str(), &fs) == 0) {
+      const int64_t free = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+      DSCPP_CHECK(e.disk * local <= free, ConfigError, "the optimizer's swap files need ",
+                  format_bytes(e.disk), " per rank x ", local,
+                  " rank(s) on this host = ", format_bytes(e.disk * local), " in '", dir,
+                  "', which has ", format_bytes(free),
+                  " free. HINT: free space there, point offload_optimizer.nvme_path at a larger "
+                  "disk, or add ranks on other hosts");
+    }
+  }
+}
+
+std::string format_bytes(int64_t bytes) {
+  if (bytes < (int64_t{1} << 30)) return fmt::format("{:.1f} MiB", bytes / double(1 << 20));
+  return fmt::format("{:.2f} GiB", bytes / double(int64_t{1} << 30));
+}
+
+}  // namespace dscpp::engine

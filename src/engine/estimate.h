@@ -1,0 +1,62 @@
+// The memory and disk a rank needs for its model states at each ZeRO stage, with and without
+// optimizer offload: what `dscpp estimate` prints and what initialize()'s pre-flight check holds
+// against the memory and disk actually available. The formulas are the ZeRO paper's (DeepSpeed's
+// estimate_zero2_model_states_mem_needs / estimate_zero3_model_states_mem_needs_all_live), taken
+// from the real config: training dtype, the optimizer's number of states, offload, sub-group
+// size and buffer count; tests/engine/estimate_test.cpp holds them against Engine::memory_stats().
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dscpp/config.h"
+
+namespace dscpp::engine {
+
+struct EstimateInput {
+  int64_t params = 0;        // trainable elements (Psi)
+  int64_t largest_unit = 0;  // stage 3: elements of the largest unit (0: unknown)
+  int world = 1;
+};
+
+// Bytes per rank.
+struct Estimate {
+  int stage = 0;
+  std::string offload_optimizer = "none";  // "none" or "nvme"
+  int64_t params = 0, grads = 0, master = 0, optimizer_state = 0;
+  int64_t live_unit = 0;     // stage 3: the largest unit gathered whole
+  int64_t swap_buffers = 0;  // offload: the swap pipeline's buffers
+  int64_t disk = 0;          // offload: the swap file
+  int64_t model_states() const { return params + grads + master + optimizer_state; }
+  int64_t memory() const { return model_states() + live_unit + swap_buffers; }
+  // "stage 2, optimizer on nvme"
+  std::string describe() const;
+};
+
+// The estimate at `stage` with `offload_optimizer` ("none" or "nvme"; at stage 0 always none),
+// everything else as `config` says (dtype, optimizer, sub_group_size, buffer_count, pipeline).
+Estimate estimate(const EstimateInput& in, const Config& config, int stage,
+                  const std::string& offload_optimizer);
+// The estimate of what `config` itself asks for.
+Estimate estimate(const EstimateInput& in, const Config& config);
+// Every stage, without offload and (stages 1-3) with the optimizer on nvme.
+std::vector<Estimate> estimate_all(const EstimateInput& in, const Config& config);
+
+// Bytes of memory this process may still take: MemAvailable, lowered to what the cgroup's
+// memory.max leaves (containers), or DSCPP_MEMORY_LIMIT when set (bytes, or with a K/M/G/T
+// suffix: emulates a smaller machine). `source` says which.
+int64_t available_memory(std::string* source = nullptr);
+
+// NOTE [pre-flight]: throws ConfigError when the model states `config` asks for do not fit
+// before anything is allocated: the estimate less `held` bytes (what the model's parameters hold
+// already, which the engine reuses), times `local` ranks on this host (assumed alike), against
+// available_memory(); and the swap files against the free space of nvme_path. The message names
+// the bytes and lists the settings that would fit. DSCPP_SKIP_MEMORY_CHECK=1 turns it off (a
+// warning says so).
+void check_fits(const EstimateInput& in, const Config& config, int64_t held, int local);
+
+// "1.50 GiB", or "12.7 MiB" below 1 GiB
+std::string format_bytes(int64_t bytes);
+
+}  // namespace dscpp::engine

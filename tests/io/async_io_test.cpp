@@ -1,0 +1,170 @@
+// AsyncIo: every backend moves the bytes it is asked to (in pieces, with several requests in
+// flight), refuses unaligned requests at once, and reports failures from wait() with the file
+// and range named; FaultAsyncIo injects what the offload tests need.
+#include "io/async_io.h"
+
+#include <gtest/gtest.h>
+#include <sys/vfs.h>
+
+#include <cstring>
+#include <numeric>
+#include <thread>
+
+#include "dscpp/error.h"
+#include "io/fault_async_io.h"
+#include "support/errors.h"
+#include "support/temp_dir.h"
+
+namespace dscpp::io {
+namespace {
+
+using testing::error_of;
+using testing::TempDir;
+
+// Expects `stmt` to throw E whose message contains `text`.
+#define EXPECT_THROW_MSG(stmt, E, text) \
+  EXPECT_NE(error_of<E>([&] { stmt; }).find(text), std::string::npos)
+
+void fill(AlignedBuffer& b, unsigned seed) {
+  auto* p = static_cast<uint32_t*>(b.data());
+  for (size_t i = 0; i < b.size() / 4; ++i) p[i] = static_cast<uint32_t>(i * 2654435761u + seed);
+}
+
+struct Backend {
+  const char* name;
+  AioBackend backend;
+  AioOptions options;
+};
+
+class AsyncIoTest : public ::testing::TestWithParam<Backend> {};
+
+TEST_P(AsyncIoTest, WritesAndReadsBackManyRequestsInPiecesAtOnce) {
+  TempDir dir;
+  auto io = make_async_io(GetParam().options, GetParam().backend);
+  auto file = io->open(dir.file("swap"));
+  // 6 requests of 5 blocks and a bit, written at once, then read back at once into other
+  // buffers: pieces of several requests interleave on the workers.
+  const size_t n = 5 * GetParam().options.block_size + 3 * kDirectAlignment;
+  std::vector<AlignedBuffer> out, in;
+  std::vector<IoHandle> works;
+  for (unsigned i = 0; i < 6; ++i) {
+    out.emplace_back(n);
+    fill(out.back(), i);
+    works.push_back(file->write(i * n, out.back().data(), n));
+  }
+  for (auto& w : works) w->wait();
+  for (auto& w : works) EXPECT_TRUE(w->done());
+  works.clear();
+  for (unsigned i = 0; i < 6; ++i) {
+    in.emplace_back(n);
+    works.push_back(file->read((5 - i) * n, in.back().data(), n));
+  }
+  for (auto& w : works) w->wait();
+  for (unsigned i = 0; i < 6; ++i)
+    EXPECT_EQ(std::memcmp(in[i].data(), out[5 - i].data(), n), 0) << "request " << i;
+}
+
+TEST_P(AsyncIoTest, ReadingPastTheEndFailsFromWaitNamingTheFile) {
+  TempDir dir;
+  auto io = make_async_io(GetParam().options, GetParam().backend);
+  auto file = io->open(dir.file("short"));
+  AlignedBuffer b(4 * kDirectAlignment);
+  file->write(0, b.data(), kDirectAlignment)->wait();
+  IoHandle h = file->read(0, b.data(), b.size());
+  EXPECT_THROW_MSG(h->wait(), IoError, dir.file("short"));
+  EXPECT_THROW_MSG(h->wait(), IoError, "ends before byte");  // again: the same error
+}
+
+TEST_P(AsyncIoTest, RefusesUnalignedRequestsAtOnce) {
+  TempDir dir;
+  auto io = make_async_io(GetParam().options, GetParam().backend);
+  auto file = io->open(dir.file("f"));
+  AlignedBuffer b(2 * kDirectAlignment);
+  EXPECT_THROW_MSG(file->write(100, b.data(), kDirectAlignment), IoError, "aligned to 4096");
+  EXPECT_THROW_MSG(file->write(0, b.data(), 100), IoError, "aligned to 4096");
+  EXPECT_THROW_MSG(file->read(0, static_cast<char*>(b.data()) + 8, kDirectAlignment), IoError,
+                   "aligned to 4096");
+}
+
+AioOptions small_blocks(int threads, int depth, bool single_submit, bool overlap) {
+  AioOptions o;
+  o.block_size = 64 << 10;
+  o.thread_count = threads;
+  o.queue_depth = depth;
+  o.single_submit = single_submit;
+  o.overlap_events = overlap;
+  return o;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Backends, AsyncIoTest,
+    ::testing::Values(Backend{"uring", AioBackend::automatic, small_blocks(1, 8, false, true)},
+                      Backend{"uring_2threads_single_submit_no_overlap", AioBackend::automatic,
+                              small_blocks(2, 4, true, false)},
+                      Backend{"threads", AioBackend::threads, small_blocks(3, 1, false, true)}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(AsyncIo, DescribesItsBackend) {
+  EXPECT_NE(make_async_io({}, AioBackend::threads)->describe().find("pread/pwrite threads"),
+            std::string::npos);
+}
+
+TEST(AsyncIo, RefusesABlockSizeThatIsNotAligned) {
+  AioOptions o;
+  o.block_size = 1000;
+  EXPECT_THROW_MSG(make_async_io(o), IoError, "aio.block_size 1000");
+}
+
+TEST(AsyncIo, OpeningInAMissingFolderNamesThePath) {
+  TempDir dir;
+  auto io = make_async_io({});
+  EXPECT_THROW_MSG(io->open(dir.file("no/such/file")), IoError, dir.file("no/such/file"));
+}
+
+TEST(FaultAsyncIo, InjectsEachFaultFromWait) {
+  TempDir dir;
+  AlignedBuffer b(4 * kDirectAlignment);
+  auto with = [&](AioFault f) {
+    return std::make_unique<FaultAsyncIo>(f, make_async_io({}, AioBackend::threads));
+  };
+  {
+    auto io = with({AioFault::Kind::fail_write, 2});
+    auto file = io->open(dir.file("a"));
+    file->write(0, b.data(), b.size())->wait();
+    EXPECT_THROW_MSG(file->write(0, b.data(), b.size())->wait(), IoError, "Input/output error");
+    EXPECT_EQ(io->injected(), 1);
+  }
+  {
+    auto io = with({AioFault::Kind::short_write, 1});
+    auto file = io->open(dir.file("b"));
+    EXPECT_THROW_MSG(file->write(0, b.data(), b.size())->wait(), IoError,
+                     "only 8192 bytes were written");
+  }
+  {
+    auto io = with({AioFault::Kind::disk_full, 1, 3 * kDirectAlignment});
+    auto file = io->open(dir.file("c"));
+    file->write(0, b.data(), 2 * kDirectAlignment)->wait();
+    EXPECT_THROW_MSG(file->write(0, b.data(), 2 * kDirectAlignment)->wait(), IoError,
+                     "No space left on device");
+  }
+  {
+    auto io = with({AioFault::Kind::fail_read, 1});
+    auto file = io->open(dir.file("d"));
+    file->write(0, b.data(), b.size())->wait();
+    EXPECT_THROW_MSG(file->read(0, b.data(), b.size())->wait(), IoError, dir.file("d"));
+  }
+  {
+    AioFault slow{AioFault::Kind::slow};
+    slow.delay_ms = 150;
+    auto io = with(slow);
+    auto file = io->open(dir.file("e"));
+    const auto t0 = std::chrono::steady_clock::now();
+    IoHandle h = file->write(0, b.data(), b.size());
+    EXPECT_FALSE(h->done());
+    h->wait();
+    EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(150));
+  }
+}
+
+}  // namespace
+}  // namespace dscpp::io
