@@ -91,10 +91,6 @@ void EngineImpl::check_checkpointable(const char* what) const {
   DSCPP_CHECK(!strategy_->gathered_scope_open(), CheckpointError, what,
               "() inside a zero::GatheredParameters scope: the gathered parameters may still be "
               "written back when it closes. HINT: close the scope first");
-  DSCPP_CHECK(!swapper_, CheckpointError, what,
-              "() with zero_optimization.offload_optimizer.device \"nvme\" is not implemented "
-              "yet: the optimizer state lives in the swap files. HINT: train without "
-              "offload_optimizer to take checkpoints");
   DSCPP_CHECK(optimizer_ && !client_lr_scheduler_, CheckpointError, what,
               "() with a client optimizer or LR scheduler passed to initialize(): dscpp cannot "
               "shard and restore a torch::optim object's state yet. HINT: use the config's "
@@ -160,8 +156,38 @@ at::Tensor EngineImpl::part_values(const std::vector<zero::Part>& parts, int64_t
   DSCPP_FAIL(Error, "internal: elements [", offset, ", ", offset + n, ") lie in no part");
 }
 
-std::vector<std::pair<std::string, at::Tensor>> EngineImpl::checkpoint_tensors() {
-  std::vector<std::pair<std::string, at::Tensor>> out;
+void EngineImpl::publish_swapped_values(const std::vector<zero::Part>& parts) {
+  // Mixed precision with the fp32 weights in the swap file: the parameters are cast from them,
+  // 16 MiB at a time (fp32 training: the parameters are the values already).
+  const int t = swap_index(kValues);
+  if (t >= 0) {
+    constexpr int64_t kPiece = int64_t{1} << 22;
+    at::Tensor buffer = at::empty({kPiece}, at::kFloat);
+    for (const auto& p : parts) {
+      for (int64_t off = 0; off < p.params.numel(); off += kPiece) {
+        const int64_t n = std::min(kPiece, p.params.numel() - off);
+        at::Tensor b = buffer.narrow(0, 0, n);
+        swapper_->read(t, p.offset + off, b);
+        p.params.narrow(0, off, n).copy_(b);
+      }
+    }
+  }
+  swapper_->flush();
+}
+
+int EngineImpl::swap_index(const std::string& what) const {
+  if (!swapper_) return -1;
+  if (what == kValues) return dtype_ != at::kFloat ? 0 : -1;  // fp32: the parameters are
+  const auto& names = swapper_->names();
+  const auto it = std::find(names.begin(), names.end(), what);
+  return it == names.end() ? -1 : static_cast<int>(it - names.begin());
+}
+
+std::vector<safetensors::StreamedTensor> EngineImpl::checkpoint_tensors() {
+  std::vector<safetensors::StreamedTensor> out;
+  auto held = [&](std::string name, const at::Tensor& t) {
+    out.push_back({std::move(name), t.detach().to(at::kCPU).contiguous(), 0, nullptr});
+  };
   const std::vector<zero::Part> parts = strategy_->parts();
   const auto states = optimizer_->state();
   const int rank = comm_->rank();
@@ -176,27 +202,46 @@ std::vector<std::pair<std::string, at::Tensor>> EngineImpl::checkpoint_tensors()
       if (a < b) s.narrow(0, a - lo, b - a).copy_(held.narrow(0, a - g.begin, b - a));
       return s;
     };
-    out.emplace_back(checkpoint::slice_tensor_name(g.name, kValues),
-                     slice(part_values(parts, g.part_offset, g.length)));
+    // What lives in the swap file (offload: stages 1-3, where the part is exactly the slice) is
+    // streamed from it into the file, a piece at a time.
+    auto swapped = [&](const std::string& what) {
+      const int t = swap_index(what);
+      DSCPP_CHECK(g.begin == lo && g.length == S, Error,
+                  "internal: an offloaded part is not this rank's slice");
+      out.push_back({checkpoint::slice_tensor_name(g.name, what), at::Tensor(), S,
+                     [this, t, base = g.part_offset](int64_t off, const at::Tensor& dst) {
+                       swapper_->read(t, base + off, dst);
+                     }});
+    };
+    if (swap_index(kValues) >= 0) {
+      swapped(kValues);
+    } else {
+      held(checkpoint::slice_tensor_name(g.name, kValues),
+           slice(part_values(parts, g.part_offset, g.length)));
+    }
     for (const auto& [name, state] : states) {
-      out.emplace_back(checkpoint::slice_tensor_name(g.name, name),
-                       slice(state.narrow(0, g.part_offset, g.length)));
+      if (swap_index(name) >= 0) {
+        swapped(name);
+      } else {
+        held(checkpoint::slice_tensor_name(g.name, name),
+             slice(state.narrow(0, g.part_offset, g.length)));
+      }
     }
   }
   {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
-    out.emplace_back(kRngCpu, gen.get_state());
+    held(kRngCpu, gen.get_state());
   }
   const at::Device device = strategy_->options().device();
   if (device.is_cuda()) {
     at::Generator gen = at::globalContext().defaultGenerator(device);
     std::lock_guard<std::mutex> lock(gen.mutex());
-    out.emplace_back(kRngCuda, gen.get_state());
+    held(kRngCuda, gen.get_state());
   }
   if (rank == 0) {
     for (auto& [name, t] : replicated_tensors(*model_))
-      out.emplace_back(checkpoint::replicated_tensor_name(name), t.detach());
+      held(checkpoint::replicated_tensor_name(name), t);
   }
   return out;
 }
@@ -223,8 +268,8 @@ std::string EngineImpl::save_checkpoint(const std::string& dir, const std::strin
           "whose update of latest was cut off, or an earlier run's)",
           folder, dir);
     }
-    digest = safetensors::save(folder + "/" + checkpoint::rank_file_name(rank, world),
-                               checkpoint_tensors(), {}, file_system_);
+    digest = safetensors::save_streamed(folder + "/" + checkpoint::rank_file_name(rank, world),
+                                        checkpoint_tensors(), {}, file_system_);
   });
 
   // 2. The ranks exchange their files' sizes and CRC-32Cs: every file is durable now.
@@ -414,11 +459,24 @@ LoadResult EngineImpl::load_checkpoint(const std::string& dir, const std::string
     checkpoint::RankFiles reader(dir, m, file_system_);
     const std::vector<zero::Part> parts = strategy_->parts();
     for (const zero::CheckpointGroup& g : groups) {
-      std::vector<std::pair<std::string, at::Tensor>> targets{
-          {kValues, part_values(parts, g.part_offset, g.length)}};
+      // Where each loaded tensor goes: a view of the group in memory, or (offload) the swap
+      // file, through a buffer of the slice read.
+      struct Target {
+        std::string name;
+        at::Tensor memory;  // [g.length]; undefined: swap file tensor `swap`
+        int swap = -1;
+      };
+      auto target = [&](const std::string& name, auto memory) {
+        const int t = swap_index(name);
+        return t >= 0 ? Target{name, at::Tensor(), t} : Target{name, memory(), -1};
+      };
+      std::vector<Target> targets{
+          target(kValues, [&] { return part_values(parts, g.part_offset, g.length); })};
       if (load_states) {
-        for (const auto& [name, state] : states)
-          targets.emplace_back(name, state.narrow(0, g.part_offset, g.length));
+        for (const auto& [name, state] : states) {
+          targets.push_back(
+              target(name, [&, st = state] { return st.narrow(0, g.part_offset, g.length); }));
+        }
       }
       for (size_t i = 0; i < g.names.size(); ++i) {
         const auto [off, n] = g.layout.segments[i];
@@ -427,9 +485,16 @@ LoadResult EngineImpl::load_checkpoint(const std::string& dir, const std::string
         if (lo >= hi || mg < 0) continue;  // not held here, or absent (load_module_strict off)
         for (const checkpoint::SliceRead& r :
              checkpoint::reads_for(m, g.names[i], lo - off, hi - off)) {
-          for (auto& [state, target] : targets) {
-            reader[r.rank].read(checkpoint::slice_tensor_name(m.groups[mg].name, state), r.position,
-                                target.narrow(0, lo - g.begin + r.dst, r.numel));
+          for (const Target& t : targets) {
+            const std::string name = checkpoint::slice_tensor_name(m.groups[mg].name, t.name);
+            const int64_t at_ = lo - g.begin + r.dst;
+            if (t.memory.defined()) {
+              reader[r.rank].read(name, r.position, t.memory.narrow(0, at_, r.numel));
+            } else {
+              at::Tensor buffer = at::empty({r.numel}, at::kFloat);
+              reader[r.rank].read(name, r.position, buffer);
+              swapper_->write(t.swap, g.part_offset + at_, buffer);
+            }
           }
         }
       }
@@ -465,6 +530,7 @@ LoadResult EngineImpl::load_checkpoint(const std::string& dir, const std::string
     at::NoGradGuard no_grad;
     const std::vector<zero::Part> parts = strategy_->parts();
     if (master_) master_->publish(parts);
+    if (swapper_) publish_swapped_values(parts);
     strategy_->before_update();
     strategy_->publish_params();
   }

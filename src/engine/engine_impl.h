@@ -18,6 +18,7 @@
 #include "dscpp/engine.h"
 #include "dscpp/lr_schedule.h"
 #include "dscpp/optim.h"
+#include "dscpp/safetensors.h"
 #include "io/async_io.h"
 #include "offload/optimizer_swapper.h"
 #include "precision/loss_scaler.h"
@@ -118,7 +119,14 @@ class EngineImpl {
   std::string agree_on_tag(const std::string& tag);
   // What this rank's file holds: its slice of every group's fp32 values and optimizer states,
   // its RNG states, and on rank 0 the frozen parameters and buffers.
-  std::vector<std::pair<std::string, at::Tensor>> checkpoint_tensors();
+  // Offloaded parts (the swap file's fp32 weights and optimizer states) are streamed from the
+  // swap file as the rank file is written.
+  std::vector<safetensors::StreamedTensor> checkpoint_tensors();
+  // offload: the swap file's index of "values" (the fp32 weights, mixed precision only) or of an
+  // optimizer state; -1 when it is held in memory.
+  int swap_index(const std::string& what) const;
+  // offload, after a load: the parameters cast from the swap file's fp32 weights.
+  void publish_swapped_values(const std::vector<zero::Part>& parts);
   // The fp32 values of elements [offset, offset + n) of this rank's part.
   at::Tensor part_values(const std::vector<zero::Part>& parts, int64_t offset, int64_t n) const;
   // Runs `fn` on this rank, then every rank learns whether it failed on any: the failing rank

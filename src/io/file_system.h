@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -70,6 +71,9 @@ class FileSystem {
   // file holds exactly the pieces; on failure (IoError, rethrown) the temporary file is removed
   // and `path` is untouched: either its old content or, if it did not exist, no file.
   void write_file_atomically(const std::string& path, const std::vector<ConstBuffer>& pieces);
+  // The same, with the content appended by `produce` (streamed from elsewhere).
+  void write_file_atomically(const std::string& path,
+                             const std::function<void(WritableFile&)>& produce);
 };
 
 // The process-wide POSIX file system.

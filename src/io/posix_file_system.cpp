@@ -201,13 +201,20 @@ class PosixFileSystem final : public FileSystem {
 
 void FileSystem::write_file_atomically(const std::string& path,
                                        const std::vector<ConstBuffer>& pieces) {
+  write_file_atomically(path, [&](WritableFile& file) {
+    for (const auto& piece : pieces) {
+      if (piece.size > 0) file.append(piece.data, piece.size);
+    }
+  });
+}
+
+void FileSystem::write_file_atomically(const std::string& path,
+                                       const std::function<void(WritableFile&)>& produce) {
   static std::atomic<uint64_t> counter{0};
   const std::string tmp = detail::str_cat(path, ".tmp.", ::getpid(), ".", counter++);
   try {
     auto file = open_for_write(tmp);
-    for (const auto& piece : pieces) {
-      if (piece.size > 0) file->append(piece.data, piece.size);
-    }
+    produce(*file);
     file->sync();
     file->close();
     rename_file(tmp, path);

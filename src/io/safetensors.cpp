@@ -275,25 +275,54 @@ Contents deserialize(const std::string& bytes, const std::string& source) {
 
 FileDigest save(const std::string& path, const TensorList& tensors,
                 const std::map<std::string, std::string>& metadata, io::FileSystem* fs) {
-  TensorList cpu = to_cpu_contiguous(tensors);
+  std::vector<StreamedTensor> streamed;
+  for (auto& [name, t] : to_cpu_contiguous(tensors)) streamed.push_back({name, t, 0, nullptr});
+  return save_streamed(path, streamed, metadata, fs);
+}
+
+FileDigest save_streamed(const std::string& path, const std::vector<StreamedTensor>& tensors,
+                         const std::map<std::string, std::string>& metadata, io::FileSystem* fs) {
+  // The header needs only names, dtypes and shapes: a streamed tensor stands in as one fp32
+  // element expanded to its length (no memory).
+  TensorList shapes;
+  for (const auto& t : tensors) {
+    shapes.emplace_back(t.name, t.tensor.defined() ? t.tensor : at::zeros({1}).expand({t.numel}));
+  }
   std::string header;
   try {
-    header = make_header(cpu, metadata);
+    header = make_header(shapes, metadata);
   } catch (const IoError& e) {
     DSCPP_FAIL(IoError, "cannot save '", path, "': ", e.what());
   }
-  std::string prefix = length_prefix(header.size());
-  std::vector<io::ConstBuffer> pieces = {{prefix.data(), prefix.size()},
-                                         {header.data(), header.size()}};
-  for (const auto& [name, t] : cpu) {
-    pieces.push_back({t.data_ptr(), static_cast<size_t>(t.numel() * t.element_size())});
-  }
+  const std::string prefix = length_prefix(header.size());
   FileDigest digest;
-  for (const auto& p : pieces) {
-    digest.crc32c = crc32c_extend(digest.crc32c, p.data, p.size);
-    digest.bytes += p.size;
-  }
-  io::resolve(fs).write_file_atomically(path, pieces);
+  io::resolve(fs).write_file_atomically(path, [&](io::WritableFile& file) {
+    auto put = [&](const void* data, size_t n) {
+      if (n == 0) return;
+      digest.crc32c = crc32c_extend(digest.crc32c, data, n);
+      digest.bytes += n;
+      file.append(data, n);
+    };
+    put(prefix.data(), prefix.size());
+    put(header.data(), header.size());
+    at::Tensor piece;  // a streamed tensor's bytes, 16 MiB at a time
+    for (const auto& t : tensors) {
+      if (t.tensor.defined()) {
+        DSCPP_CHECK(t.tensor.is_contiguous() && t.tensor.device().is_cpu(), IoError,
+                    "internal: streamed save of '", t.name, "' needs contiguous CPU memory");
+        put(t.tensor.data_ptr(), static_cast<size_t>(t.tensor.numel() * t.tensor.element_size()));
+        continue;
+      }
+      constexpr int64_t kPiece = int64_t{1} << 22;
+      if (!piece.defined() || piece.numel() < std::min(kPiece, t.numel))
+        piece = at::empty({std::min(kPiece, t.numel)});
+      for (int64_t off = 0; off < t.numel; off += kPiece) {
+        at::Tensor dst = piece.narrow(0, 0, std::min(kPiece, t.numel - off));
+        t.fill(off, dst);
+        put(dst.data_ptr(), static_cast<size_t>(dst.numel() * 4));
+      }
+    }
+  });
   return digest;
 }
 

@@ -15,8 +15,18 @@ struct Scalar {
   static T sub(T a, T b) { return a - b; }
   static T mul(T a, T b) { return a * b; }
   static T div(T a, T b) { return a / b; }
+  // NOTE [position-independent rounding]: in a file compiled for FMA (the SIMD kernels' tails)
+  // these round once, exactly as the vector lanes do, so an element's update does not depend on
+  // whether it fell in a vector or in the tail: stepping a buffer whole or in pieces (offload's
+  // sub-groups, threads' chunks) gives the same bits. The scalar-only table has no FMA and rounds
+  // twice for every element alike.
+#if defined(__FMA__) || defined(__AVX512F__)
+  static T fmadd(T a, T b, T c) { return __builtin_fmaf(a, b, c); }
+  static T fnmadd(T a, T b, T c) { return __builtin_fmaf(-a, b, c); }
+#else
   static T fmadd(T a, T b, T c) { return a * b + c; }
   static T fnmadd(T a, T b, T c) { return c - a * b; }
+#endif
   static T sqrt(T a) { return __builtin_sqrtf(a); }
   static T sign(T a) { return a > 0.0f ? 1.0f : (a < 0.0f ? -1.0f : 0.0f); }
   static Acc acc_zero() { return Acc{}; }
