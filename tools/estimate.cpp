@@ -47,7 +47,7 @@ int estimate_main(int argc, char** argv) {
   if (model == "gpt") {
     gpt.validate();
     in.params = gpt.num_parameters();
-    in.largest_unit = 12 * gpt.n_embd * gpt.n_embd + 13 * gpt.n_embd;  // a block (stage 3 unit)
+    in.largest_unit = gpt.block_parameters();  // stage 3's unit
   } else {
     DSCPP_CHECK(params > 0, ConfigError,
                 "dscpp estimate needs --params N or --model gpt with its shape");
@@ -73,14 +73,15 @@ int estimate_main(int argc, char** argv) {
   auto gib = [](int64_t b) { return fmt::format("{:.2f}", b / double(int64_t{1} << 30)); };
   for (const engine::Estimate& e : engine::estimate_all(in, config)) {
     const int64_t host = e.memory() * per_host;
-    std::cout << fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-                             e.describe(), gib(e.params), gib(e.grads), gib(e.master),
-                             gib(e.optimizer_state), gib(e.live_unit), gib(e.swap_buffers),
-                             gib(e.memory()), gib(host), gib(e.disk), host <= avail ? "yes" : "no");
+    std::cout << fmt::format(
+        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", e.describe(), gib(e.params),
+        gib(e.grads), gib(e.master), gib(e.optimizer_state), gib(e.live_unit), gib(e.swap_buffers),
+        gib(e.memory()), gib(host), gib(e.disk + e.param_disk), host <= avail ? "yes" : "no");
   }
   std::cout << "\n(GiB. Model states only: activations, communication buffers and the program "
                "itself come on top. Stage 3 adds the largest unit gathered whole; offload adds "
-               "the swap pipeline's buffers, 3 sub-groups at most.)\n";
+               "the swap pipeline's buffers, 3 sub-groups at most, and with the parameters on "
+               "nvme the unit shards read ahead, offload_param.buffer_count + 2 at most.)\n";
   return 0;
 }
 

@@ -177,7 +177,7 @@ int train_main(int argc, char** argv) {
   if (device.is_cpu()) {
     engine::EstimateInput in;
     in.params = gc.num_parameters();
-    in.largest_unit = 12 * gc.n_embd * gc.n_embd + 13 * gc.n_embd;  // a block, stage 3's unit
+    in.largest_unit = gc.block_parameters();  // stage 3's unit
     in.world = comm->world_size();
     engine::check_fits(in, config, /*held=*/0, std::max(1, detect_process_env().local_world_size));
   }
@@ -353,8 +353,7 @@ int train_main(int argc, char** argv) {
                    mem.grads / kMiB, mem.master / kMiB, mem.optimizer_state / kMiB,
                    mem.staging / kMiB, gc.num_parameters())
             << (mem.offload_buffers > 0
-                    ? fmt::format("; optimizer offloaded to disk through {:.2f} MiB of swap "
-                                  "buffers",
+                    ? fmt::format("; offloaded to disk through {:.2f} MiB of swap buffers",
                                   mem.offload_buffers / kMiB)
                     : std::string())
             << std::endl;
@@ -383,9 +382,10 @@ int train_main(int argc, char** argv) {
                      rank, mem.gathered / kMiB)
               << std::endl;
   }
-  {
+  if ((task && a.eval_problems > 0) || !a.save_final.empty()) {
     // Every rank's parameters whole for the evaluation and the save (at ZeRO stage 3 a collective
-    // that gathers every unit; below it, nothing happens).
+    // that gathers every unit, so only when asked for: a model trained because it does not fit
+    // would not fit gathered; below stage 3 nothing happens).
     zero::GatheredParameters whole(*model);
     if (rank == 0 && task) {
       auto held_out = data::ReverseTask(task->options().held_out_set(a.eval_problems));

@@ -34,18 +34,12 @@ constexpr const char* kValues = "fp32";  // the state name of the fp32 values
 constexpr const char* kRngCpu = "rng/cpu";
 constexpr const char* kRngCuda = "rng/cuda";
 
-// Small values travel between ranks as doubles: every communicator moves them, and integers
-// below 2^53 (byte counts, CRCs, characters) are exact.
-at::Tensor small(int64_t n, const at::Device& device) {
-  return at::zeros({n}, at::TensorOptions().dtype(at::kDouble).device(device));
-}
-
 std::string broadcast_string(comm::Communicator& c, const std::string& s, const at::Device& dev) {
-  at::Tensor len = small(1, dev);
+  at::Tensor len = rank_values(1, dev);
   len.fill_(static_cast<double>(s.size()));
   c.broadcast(len, 0)->wait();
   const auto n = static_cast<int64_t>(len.item<double>());
-  at::Tensor chars = small(n, dev);
+  at::Tensor chars = rank_values(n, dev);
   if (c.rank() == 0) {
     std::vector<double> v(s.begin(), s.end());
     chars.copy_(at::tensor(v, at::kDouble));
@@ -97,38 +91,13 @@ void EngineImpl::check_checkpointable(const char* what) const {
               "optimizer and scheduler sections");
 }
 
-void EngineImpl::on_every_rank(const std::string& what, const std::function<void()>& fn,
-                               bool checkpoint_error) {
-  std::exception_ptr error;
-  try {
-    fn();
-  } catch (...) {
-    error = std::current_exception();
-  }
-  const int world = comm_->world_size();
-  at::Tensor flags = small(world, device_);
-  if (error) flags[comm_->rank()] = 1.0;
-  comm_->all_reduce(flags)->wait();
-  flags = flags.cpu();
-  if (error) std::rethrow_exception(error);
-  std::string ranks;
-  for (int q = 0; q < world; ++q) {
-    if (flags.data_ptr<double>()[q] > 0) ranks += (ranks.empty() ? "" : ",") + std::to_string(q);
-  }
-  if (!checkpoint_error) {
-    DSCPP_CHECK(ranks.empty(), Error, what, " failed on rank(s) ", ranks, " (its error says why)");
-  }
-  DSCPP_CHECK(ranks.empty(), CheckpointError, what, " failed on rank(s) ", ranks,
-              " (its error says why)");
-}
-
 std::string EngineImpl::agree_on_tag(const std::string& tag) {
   // Every rank saves under rank 0's tag, so the files always land in one folder;
   // tag_validation decides what a rank that asked for another one gets.
   const std::string& mode = config_.checkpoint.tag_validation;
   const std::string agreed = broadcast_string(*comm_, tag, strategy_->options().device());
   if (mode == "Ignore") return agreed;
-  at::Tensor differs = small(1, strategy_->options().device());
+  at::Tensor differs = rank_values(1, strategy_->options().device());
   differs.fill_(tag != agreed ? 1.0 : 0.0);
   comm_->all_reduce(differs)->wait();
   const auto n = static_cast<int>(differs.item<double>());
@@ -150,25 +119,25 @@ at::Tensor EngineImpl::part_values(const std::vector<zero::Part>& parts, int64_t
                                    int64_t n) const {
   if (master_) return master_->weights().narrow(0, offset, n);
   for (const auto& p : parts) {  // fp32 training: the parameters are the values
-    if (offset >= p.offset && offset + n <= p.offset + p.params.numel())
+    if (p.params.defined() && offset >= p.offset && offset + n <= p.offset + p.numel())
       return p.params.narrow(0, offset - p.offset, n);
   }
   DSCPP_FAIL(Error, "internal: elements [", offset, ", ", offset + n, ") lie in no part");
 }
 
 void EngineImpl::publish_swapped_values(const std::vector<zero::Part>& parts) {
-  // Mixed precision with the fp32 weights in the swap file: the parameters are cast from them,
-  // 16 MiB at a time (fp32 training: the parameters are the values already).
+  // The fp32 weights in the swap file (mixed precision, or parameters on disk): the parameters
+  // are cast from them, 16 MiB at a time (otherwise the parameters are the values already).
   const int t = swap_index(kValues);
   if (t >= 0) {
     constexpr int64_t kPiece = int64_t{1} << 22;
     at::Tensor buffer = at::empty({kPiece}, at::kFloat);
     for (const auto& p : parts) {
-      for (int64_t off = 0; off < p.params.numel(); off += kPiece) {
-        const int64_t n = std::min(kPiece, p.params.numel() - off);
+      for (int64_t off = 0; off < p.numel(); off += kPiece) {
+        const int64_t n = std::min(kPiece, p.numel() - off);
         at::Tensor b = buffer.narrow(0, 0, n);
         swapper_->read(t, p.offset + off, b);
-        p.params.narrow(0, off, n).copy_(b);
+        p.store(off, b);
       }
     }
   }
@@ -177,7 +146,7 @@ void EngineImpl::publish_swapped_values(const std::vector<zero::Part>& parts) {
 
 int EngineImpl::swap_index(const std::string& what) const {
   if (!swapper_) return -1;
-  if (what == kValues) return dtype_ != at::kFloat ? 0 : -1;  // fp32: the parameters are
+  if (what == kValues) return weights_swapped_ ? 0 : -1;  // else the parameters are
   const auto& names = swapper_->names();
   const auto it = std::find(names.begin(), names.end(), what);
   return it == names.end() ? -1 : static_cast<int>(it - names.begin());
@@ -273,10 +242,10 @@ std::string EngineImpl::save_checkpoint(const std::string& dir, const std::strin
   });
 
   // 2. The ranks exchange their files' sizes and CRC-32Cs: every file is durable now.
-  at::Tensor mine = small(2, strategy_->options().device());
+  at::Tensor mine = rank_values(2, strategy_->options().device());
   mine[0] = static_cast<double>(digest.bytes);
   mine[1] = static_cast<double>(digest.crc32c);
-  at::Tensor all = small(2 * world, strategy_->options().device());
+  at::Tensor all = rank_values(2 * world, strategy_->options().device());
   comm_->all_gather(all, mine)->wait();
   all = all.cpu();
 
@@ -427,7 +396,8 @@ LoadResult EngineImpl::load_checkpoint(const std::string& dir, const std::string
   // 2. Prove every file whole (size and CRC-32C against the manifest). The ranks share the
   // reading: rank r checks files r, r + world, ...; all then know every damaged file.
   // Each file's checkpoint::FileCheck::Problem, summed over ranks (one rank checks each file).
-  at::Tensor damaged = small(static_cast<int64_t>(m.files.size()), strategy_->options().device());
+  at::Tensor damaged =
+      rank_values(static_cast<int64_t>(m.files.size()), strategy_->options().device());
   std::map<size_t, std::string> details;
   on_every_rank("checking checkpoint '" + folder + "'", [&] {
     for (size_t i = rank; i < m.files.size(); i += world) {
@@ -529,8 +499,19 @@ LoadResult EngineImpl::load_checkpoint(const std::string& dir, const std::string
   {
     at::NoGradGuard no_grad;
     const std::vector<zero::Part> parts = strategy_->parts();
-    if (master_) master_->publish(parts);
-    if (swapper_) publish_swapped_values(parts);
+    on_every_rank("casting the loaded values into the parameters", [&] {
+      try {
+        if (master_) master_->publish(parts);
+        if (swapper_) publish_swapped_values(parts);
+        zero::finish_stores(parts);  // parameters on disk (offload_param)
+      } catch (...) {
+        try {
+          zero::finish_stores(parts);  // nothing may still be writing from a buffer
+        } catch (...) {
+        }
+        throw;
+      }
+    });
     strategy_->before_update();
     strategy_->publish_params();
   }

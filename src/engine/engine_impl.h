@@ -4,6 +4,7 @@
 //               the optimizer and LR schedule)
 //   step.cpp    backward(), step(), flush_accumulation(): the step's order of events
 //   checkpoint.cpp  save_checkpoint(), load_checkpoint() (docs/checkpoint.md)
+//   every_rank.cpp  on_every_rank(): a step whose failure on any rank every rank learns
 // The ZeRO stage itself is a zero::Strategy (src/zero/strategy.h); mixed precision's master
 // weights and loss scaler live in src/precision/.
 #pragma once
@@ -21,11 +22,16 @@
 #include "dscpp/safetensors.h"
 #include "io/async_io.h"
 #include "offload/optimizer_swapper.h"
+#include "offload/param_swapper.h"
 #include "precision/loss_scaler.h"
 #include "precision/master_weights.h"
 #include "zero/strategy.h"
 
 namespace dscpp::engine {
+
+// Zeros [n] as doubles on `device`: small values travel between ranks so (every communicator
+// moves doubles, and integers below 2^53 such as byte counts, CRCs and characters are exact).
+at::Tensor rank_values(int64_t n, const at::Device& device);
 
 class EngineImpl {
  public:
@@ -72,8 +78,15 @@ class EngineImpl {
   void broadcast_initial_state(bool trainable_broadcast_done);
   void cast_the_rest();
   // offload_optimizer nvme: this rank's swap file for a part of `part_numel` elements (its fp32
-  // weights under mixed precision, then the optimizer's states), checked on every rank.
+  // weights when weights_swapped_, then the optimizer's states), checked on every rank.
   void build_swapper(int64_t part_numel);
+  // offload_param nvme (stage 3): this rank's parameter swap file for shards of `numels`
+  // elements, checked on every rank.
+  std::unique_ptr<offload::ParamSwapper> build_param_swapper(const std::vector<int64_t>& numels,
+                                                             at::ScalarType dtype);
+  // Checks that the `key` folder `dir` can hold swap files (exists, is a folder; warns on tmpfs)
+  // and makes the engine's AsyncIo if it has none.
+  void prepare_swap_dir(const std::string& key, const std::string& dir);
   void build_optimizer();
   void dump_state() const;
 
@@ -99,6 +112,9 @@ class EngineImpl {
   // Runs the optimizer on this rank's part, a piece at a time (offload: sub-group by sub-group
   // through the swap file, publishing the training-dtype parameters as it goes).
   void run_optimizer(const Reduced& red, double unscale, double clip_coef, double lr);
+  // run_optimizer, then the updated weights cast into the parameters (mixed precision). When
+  // swap files are involved, every rank learns whether that failed anywhere before publishing.
+  void update_parameters(const Reduced& red, double unscale, double clip_coef, double lr);
   // run_optimizer with offload_optimizer nvme: sub-group by sub-group through the swap file.
   void run_offloaded_optimizer(const std::vector<zero::Part>& parts,
                                const std::function<at::Tensor(const at::Tensor&)>& fp32_grads,
@@ -122,19 +138,24 @@ class EngineImpl {
   // Offloaded parts (the swap file's fp32 weights and optimizer states) are streamed from the
   // swap file as the rank file is written.
   std::vector<safetensors::StreamedTensor> checkpoint_tensors();
-  // offload: the swap file's index of "values" (the fp32 weights, mixed precision only) or of an
+  // offload: the swap file's index of "values" (the fp32 weights, when weights_swapped_) or of an
   // optimizer state; -1 when it is held in memory.
   int swap_index(const std::string& what) const;
   // offload, after a load: the parameters cast from the swap file's fp32 weights.
   void publish_swapped_values(const std::vector<zero::Part>& parts);
   // The fp32 values of elements [offset, offset + n) of this rank's part.
   at::Tensor part_values(const std::vector<zero::Part>& parts, int64_t offset, int64_t n) const;
+
+  // ----- agreement (every_rank.cpp)
   // Runs `fn` on this rank, then every rank learns whether it failed on any: the failing rank
   // rethrows its own error, the others throw CheckpointError (checkpoint_error) or Error naming
   // it. `what` says what failed.
   void on_every_rank(const std::string& what, const std::function<void()>& fn,
                      bool checkpoint_error = true);
 
+  // The swap files' I/O (offload): declared before everything that holds a swap file open.
+  std::unique_ptr<io::AsyncIo> own_async_io_;
+  io::AsyncIo* async_io_ = nullptr;
   std::unique_ptr<zero::Strategy> strategy_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<LRSchedule> lr_schedule_;
@@ -148,12 +169,15 @@ class EngineImpl {
   // where the parameters themselves are.
   std::unique_ptr<precision::MasterWeights> master_;
   std::unique_ptr<precision::LossScaler> scaler_;  // fp16 only
-  // offload_optimizer nvme (src/offload/): the part's fp32 weights (mixed precision) and
-  // optimizer state live in a swap file; master_ is null and the optimizer holds no state.
-  std::unique_ptr<io::AsyncIo> own_async_io_;
-  io::AsyncIo* async_io_ = nullptr;
+  // offload_optimizer nvme (src/offload/): the part's fp32 weights (mixed precision, or
+  // parameters on disk: weights_swapped_) and optimizer state live in a swap file; master_ is
+  // null and the optimizer holds no state.
   std::unique_ptr<offload::OptimizerSwapper> swapper_;
+  bool weights_swapped_ = false;
   offload::SwapStats swap_;  // this window's swap, for the step log
+  // Mixed precision: the fp32 gradients of one piece of the step (or sub-group), kept across
+  // steps (run_optimizer).
+  at::Tensor grad_scratch_;
   // Set when a failure left the ranks' states apart (an offloaded step that failed on some
   // rank): every later call throws it.
   std::string broken_;

@@ -19,14 +19,20 @@
 namespace dscpp::engine {
 
 std::string Estimate::describe() const {
-  return fmt::format("stage {}{}", stage, offload_optimizer == "nvme" ? ", optimizer on nvme" : "");
+  const bool o = offload_optimizer == "nvme", p = offload_param == "nvme";
+  return fmt::format("stage {}{}", stage,
+                     o && p ? ", optimizer and parameters on nvme"
+                     : o    ? ", optimizer on nvme"
+                     : p    ? ", parameters on nvme"
+                            : "");
 }
 
 Estimate estimate(const EstimateInput& in, const Config& c, int stage,
-                  const std::string& offload_optimizer) {
+                  const std::string& offload_optimizer, const std::string& offload_param) {
   Estimate e;
   e.stage = stage;
   e.offload_optimizer = stage > 0 ? offload_optimizer : "none";
+  e.offload_param = stage == 3 ? offload_param : "none";
   const bool mixed = c.bf16.enabled || c.fp16.enabled;
   const int64_t b = mixed ? 2 : 4;  // bytes per element in the training dtype
   const int64_t psi = in.params;
@@ -39,15 +45,33 @@ Estimate estimate(const EstimateInput& in, const Config& c, int stage,
           : static_cast<int64_t>(optim::make_optimizer(c.optimizer, 1, at::kFloat)->state().size());
   e.params = (stage == 3 ? part : psi) * b;
   e.grads = (stage >= 2 ? part : psi) * b;
+  if (e.offload_param == "nvme") {
+    // NOTE [stage 3 parameter offload]: the shards past max_in_cpu on disk, one aligned run per
+    // unit; the pool holds the shards read ahead (buffer_count), the one being written and the
+    // gathers' own, about buffer_count + 2 unit shards.
+    const auto& op = c.zero_optimization.offload_param;
+    const int64_t kept = std::min(part, op.max_in_cpu);
+    const int64_t shard = (in.largest_unit + in.world - 1) / in.world;
+    e.params = kept * b;
+    e.param_disk = (part - kept) * b;
+    if (shard > 0) {
+      const int64_t units = (part - kept + shard - 1) / shard;
+      e.param_disk = units * static_cast<int64_t>(io::align_up(shard * b));
+      e.swap_buffers +=
+          std::min(units, op.buffer_count + 2) * static_cast<int64_t>(io::align_up(shard * b));
+    }
+  }
   if (e.offload_optimizer == "nvme") {
-    const int64_t T = states + (mixed ? 1 : 0);
+    // The fp32 weights are swapped with the states under mixed precision or with the
+    // parameters on disk.
+    const int64_t T = states + (mixed || e.offload_param == "nvme" ? 1 : 0);
     const int64_t sub = std::min<int64_t>(c.zero_optimization.sub_group_size, part);
     const int64_t groups = sub > 0 ? (part + sub - 1) / sub : 0;
     const auto& oo = c.zero_optimization.offload_optimizer;
     const int64_t wanted = 1 + (oo.pipeline_read ? 1 : 0) + (oo.pipeline_write ? 1 : 0);
     const int64_t slots =
         std::min<int64_t>({std::max<int64_t>(oo.buffer_count, 1), wanted, groups});
-    e.swap_buffers = slots * T * static_cast<int64_t>(io::align_up(4 * sub));
+    e.swap_buffers += slots * T * static_cast<int64_t>(io::align_up(4 * sub));
     for (int64_t g = 0; g < groups; ++g) {
       e.disk += T * static_cast<int64_t>(io::align_up(4 * std::min(sub, part - g * sub)));
     }
@@ -60,7 +84,10 @@ Estimate estimate(const EstimateInput& in, const Config& c, int stage,
 }
 
 Estimate estimate(const EstimateInput& in, const Config& c) {
-  return estimate(in, c, c.zero_optimization.stage, c.zero_optimization.offload_optimizer.device);
+  // cpu offload of a CPU model moves nothing: as without.
+  const auto& z = c.zero_optimization;
+  return estimate(in, c, z.stage, z.offload_optimizer.device == "nvme" ? "nvme" : "none",
+                  z.offload_param.device == "nvme" ? "nvme" : "none");
 }
 
 std::vector<Estimate> estimate_all(const EstimateInput& in, const Config& c) {
@@ -69,6 +96,7 @@ std::vector<Estimate> estimate_all(const EstimateInput& in, const Config& c) {
     out.push_back(estimate(in, c, stage, "none"));
     if (stage > 0) out.push_back(estimate(in, c, stage, "nvme"));
   }
+  out.push_back(estimate(in, c, 3, "nvme", "nvme"));
   return out;
 }
 
@@ -167,7 +195,7 @@ void check_fits(const EstimateInput& in, const Config& config, int64_t held, int
       if (fit(o)) {
         fits += fmt::format("\n  {}: {} per rank", o.describe(), format_bytes(o.memory()));
       } else if (o.offload_optimizer == "nvme") {
-        const Estimate s = estimate(in, small, o.stage, "nvme");
+        const Estimate s = estimate(in, small, o.stage, "nvme", o.offload_param);
         if (fit(s)) {
           fits += fmt::format(
               "\n  {} with sub_group_size 10000000, pipeline_read and pipeline_write: {} per rank",
@@ -189,18 +217,28 @@ void check_fits(const EstimateInput& in, const Config& config, int64_t held, int
         "\nHINT: choose one of those (docs/offload.md), add ranks or hosts, or set "
         "DSCPP_SKIP_MEMORY_CHECK=1 to start anyway (dscpp estimate prints the table)");
   }
-  if (e.disk > 0) {
-    const std::string dir = config.zero_optimization.offload_optimizer.nvme_path.value_or("");
+  // The swap files against the free space of their folders (both in one folder: together).
+  const auto& z = config.zero_optimization;
+  const std::string odir = z.offload_optimizer.nvme_path.value_or("");
+  const std::string pdir = z.offload_param.nvme_path.value_or("");
+  const bool together = e.disk > 0 && e.param_disk > 0 && odir == pdir;
+  auto check_disk = [&](int64_t bytes, const std::string& dir, const std::string& what,
+                        const char* key) {
     struct statvfs fs {};
-    if (::statvfs(dir.c_str(), &fs) == 0) {
-      const int64_t free = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
-      DSCPP_CHECK(e.disk * local <= free, ConfigError, "the optimizer's swap files need ",
-                  format_bytes(e.disk), " per rank x ", local,
-                  " rank(s) on this host = ", format_bytes(e.disk * local), " in '", dir,
-                  "', which has ", format_bytes(free),
-                  " free. HINT: free space there, point offload_optimizer.nvme_path at a larger "
-                  "disk, or add ranks on other hosts");
-    }
+    if (bytes <= 0 || ::statvfs(dir.c_str(), &fs) != 0) return;
+    const int64_t free = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+    DSCPP_CHECK(bytes * local <= free, ConfigError, what, " need ", format_bytes(bytes),
+                " per rank x ", local, " rank(s) on this host = ", format_bytes(bytes * local),
+                " in '", dir, "', which has ", format_bytes(free),
+                " free. HINT: free space there, point ", key,
+                " at a larger disk, or add ranks on other hosts");
+  };
+  if (together) {
+    check_disk(e.disk + e.param_disk, odir, "the optimizer's and the parameters' swap files",
+               "nvme_path");
+  } else {
+    check_disk(e.disk, odir, "the optimizer's swap files", "offload_optimizer.nvme_path");
+    check_disk(e.param_disk, pdir, "the parameters' swap files", "offload_param.nvme_path");
   }
 }
 

@@ -24,23 +24,28 @@ struct EstimateInput {
 struct Estimate {
   int stage = 0;
   std::string offload_optimizer = "none";  // "none" or "nvme"
+  std::string offload_param = "none";      // "none" or "nvme" (stage 3)
   int64_t params = 0, grads = 0, master = 0, optimizer_state = 0;
   int64_t live_unit = 0;     // stage 3: the largest unit gathered whole
-  int64_t swap_buffers = 0;  // offload: the swap pipeline's buffers
-  int64_t disk = 0;          // offload: the swap file
+  int64_t swap_buffers = 0;  // offload: the swap pipelines' buffers
+  int64_t disk = 0;          // offload_optimizer: its swap file
+  int64_t param_disk = 0;    // offload_param: its swap file
   int64_t model_states() const { return params + grads + master + optimizer_state; }
   int64_t memory() const { return model_states() + live_unit + swap_buffers; }
-  // "stage 2, optimizer on nvme"
+  // "stage 2, optimizer on nvme", "stage 3, optimizer and parameters on nvme"
   std::string describe() const;
 };
 
-// The estimate at `stage` with `offload_optimizer` ("none" or "nvme"; at stage 0 always none),
-// everything else as `config` says (dtype, optimizer, sub_group_size, buffer_count, pipeline).
+// The estimate at `stage` with `offload_optimizer` and `offload_param` ("none" or "nvme"; at
+// stage 0 no offload, parameters at stage 3 only), everything else as `config` says (dtype,
+// optimizer, sub_group_size, buffer counts, pipeline, max_in_cpu). Parameter offload's buffers
+// need in.largest_unit.
 Estimate estimate(const EstimateInput& in, const Config& config, int stage,
-                  const std::string& offload_optimizer);
+                  const std::string& offload_optimizer, const std::string& offload_param = "none");
 // The estimate of what `config` itself asks for.
 Estimate estimate(const EstimateInput& in, const Config& config);
-// Every stage, without offload and (stages 1-3) with the optimizer on nvme.
+// Every stage, without offload and (stages 1-3) with the optimizer on nvme, and at stage 3 with
+// the parameters on nvme too.
 std::vector<Estimate> estimate_all(const EstimateInput& in, const Config& config);
 
 // Bytes of memory this process may still take: MemAvailable, lowered to what the cgroup's

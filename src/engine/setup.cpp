@@ -168,6 +168,24 @@ void EngineImpl::build_strategy() {
     }
   }
   const bool nvme = stage > 0 && oo.device == "nvme";
+  // offload_param (stage 3; check_supported refuses what cannot work): nvme puts the units'
+  // shards in a swap file (NOTE [stage 3 parameter offload]); the optimizer's fp32 weights then
+  // come from the master weights or from the optimizer's swap file, never from the parameters.
+  const auto& op = zc.offload_param;
+  const bool param_nvme = stage == 3 && op.device == "nvme";
+  if (stage == 3 && op.device == "cpu") {
+    DSCPP_CHECK(device_.is_cpu(), ConfigError,
+                "zero_optimization.offload_param.device \"cpu\" with a model on ", device_,
+                " is not implemented yet: the shards would wait in pinned host memory. HINT: "
+                "remove offload_param (the shards then stay in device memory), or use device "
+                "\"nvme\"");
+    if (comm_->rank() == 0) {
+      DSCPP_LOG_INFO(
+          "zero_optimization.offload_param.device \"cpu\": the model is on the CPU, so its "
+          "parameter shards already live in CPU memory; nothing moves");
+    }
+  }
+  weights_swapped_ = nvme && (mixed || param_nvme);
   if (stage == 3) {
     zero::check_each_matches(*model_, zero_units_, zc.leaf_module);
     zero::Stage3Options s3;
@@ -177,8 +195,14 @@ void EngineImpl::build_strategy() {
     s3.max_live_parameters = zc.stage3_max_live_parameters;
     s3.max_reuse_distance = zc.stage3_max_reuse_distance;
     s3.debug = comm::CommOptions::from_config(&config_).debug_sync;
+    if (param_nvme) {
+      s3.max_in_cpu = op.max_in_cpu;
+      s3.make_param_swapper = [this](const std::vector<int64_t>& numels, at::ScalarType dtype) {
+        return build_param_swapper(numels, dtype);
+      };
+    }
     zero::PartTapFactory make_tap;
-    if (mixed && nvme) {
+    if (weights_swapped_) {
       make_tap = [this](int64_t part_numel) -> zero::PartTap {
         build_swapper(part_numel);
         return [s = swapper_.get()](int64_t off, const at::Tensor& v) { s->write(0, off, v); };
@@ -206,7 +230,7 @@ void EngineImpl::build_strategy() {
     strategy_ = stage == 0 ? zero::make_stage0(std::move(np), layout, *comm_, so, tap)
                            : zero::make_stage1_2(std::move(np), layout, *comm_, so, tap);
   }
-  if (nvme && !swapper_) build_swapper(strategy_->part_numel());  // fp32: only the states
+  if (nvme && !swapper_) build_swapper(strategy_->part_numel());  // only the states
   if (swapper_) swapper_->flush();
   if (stage > 0 && stage < 3) {
     DSCPP_LOG_INFO("ZeRO stage {}: {} parameters padded to {}, this rank updates [{}, {})", stage,
@@ -254,7 +278,7 @@ void EngineImpl::build_swapper(int64_t part_numel) {
   so.path = fmt::format("{}/dscpp_optimizer_rank{}_pid{}.swp", oo.nvme_path.value_or(""),
                         comm_->rank(), getpid());
   so.numel = part_numel;
-  if (dtype_ != at::kFloat) {
+  if (weights_swapped_) {
     so.names.push_back("fp32 weights");
     so.initial.push_back(0.0f);  // written by the tap as the model is flattened
   }
@@ -270,27 +294,7 @@ void EngineImpl::build_swapper(int64_t part_numel) {
   on_every_rank(
       "preparing the optimizer's swap file in offload_optimizer.nvme_path",
       [&] {
-        const std::string& dir = *oo.nvme_path;
-        std::error_code ec;
-        DSCPP_CHECK(std::filesystem::exists(dir, ec), ConfigError,
-                    "zero_optimization.offload_optimizer.nvme_path '", dir,
-                    "' does not exist on rank ", comm_->rank(),
-                    ". HINT: create it (on a fast local disk) on every host");
-        DSCPP_CHECK(std::filesystem::is_directory(dir, ec), ConfigError,
-                    "zero_optimization.offload_optimizer.nvme_path '", dir,
-                    "' is not a directory. HINT: point it at a folder on a fast local disk");
-        struct statfs fs {};
-        if (::statfs(dir.c_str(), &fs) == 0 &&
-            (fs.f_type == kTmpfsMagic || fs.f_type == kRamfsMagic)) {
-          DSCPP_LOG_WARN(
-              "zero_optimization.offload_optimizer.nvme_path '{}' is on a memory file system "
-              "(tmpfs): the swapped state still takes memory, so offloading there saves none",
-              dir);
-        }
-        if (!async_io_) {
-          own_async_io_ = io::make_async_io(io::AioOptions::from_config(config_.aio));
-          async_io_ = own_async_io_.get();
-        }
+        prepare_swap_dir("offload_optimizer", *oo.nvme_path);
         swapper_ = std::make_unique<offload::OptimizerSwapper>(*async_io_, so);
       },
       /*checkpoint_error=*/false);
@@ -306,6 +310,67 @@ void EngineImpl::build_swapper(int64_t part_numel) {
   }
 }
 
+void EngineImpl::prepare_swap_dir(const std::string& key, const std::string& dir) {
+  std::error_code ec;
+  DSCPP_CHECK(std::filesystem::exists(dir, ec), ConfigError, "zero_optimization.", key,
+              ".nvme_path '", dir, "' does not exist on rank ", comm_->rank(),
+              ". HINT: create it (on a fast local disk) on every host");
+  DSCPP_CHECK(std::filesystem::is_directory(dir, ec), ConfigError, "zero_optimization.", key,
+              ".nvme_path '", dir,
+              "' is not a directory. HINT: point it at a folder on a fast local disk");
+  struct statfs fs {};
+  if (::statfs(dir.c_str(), &fs) == 0 && (fs.f_type == kTmpfsMagic || fs.f_type == kRamfsMagic)) {
+    DSCPP_LOG_WARN(
+        "zero_optimization.{}.nvme_path '{}' is on a memory file system (tmpfs): what is "
+        "swapped there still takes memory, so offloading there saves none",
+        key, dir);
+  }
+  if (!async_io_) {
+    own_async_io_ = io::make_async_io(io::AioOptions::from_config(config_.aio));
+    async_io_ = own_async_io_.get();
+  }
+}
+
+std::unique_ptr<offload::ParamSwapper> EngineImpl::build_param_swapper(
+    const std::vector<int64_t>& numels, at::ScalarType dtype) {
+  const auto& op = config_.zero_optimization.offload_param;
+  offload::ParamSwapperOptions po;
+  po.path = fmt::format("{}/dscpp_params_rank{}_pid{}.swp", op.nvme_path.value_or(""),
+                        comm_->rank(), getpid());
+  po.numels = numels;
+  po.dtype = dtype;
+  po.buffer_count = static_cast<int>(std::min<int64_t>(op.buffer_count, 1 << 20));
+  int64_t largest = 0, total = 0;
+  for (int64_t n : numels) {
+    largest = std::max(largest, n);
+    total += n;
+  }
+  std::unique_ptr<offload::ParamSwapper> swapper;
+  on_every_rank(
+      "preparing the parameters' swap file in offload_param.nvme_path",
+      [&] {
+        // DeepSpeed asserts a partition fits one buffer too.
+        DSCPP_CHECK(largest <= op.buffer_size, ConfigError,
+                    "zero_optimization.offload_param.buffer_size ", op.buffer_size,
+                    " elements is smaller than this rank's largest stage-3 unit shard (", largest,
+                    " elements), which must fit one buffer. HINT: set buffer_size to at least ",
+                    largest, ", or use smaller units");
+        prepare_swap_dir("offload_param", *op.nvme_path);
+        swapper = std::make_unique<offload::ParamSwapper>(*async_io_, po);
+      },
+      /*checkpoint_error=*/false);
+  if (comm_->rank() == 0) {
+    DSCPP_LOG_INFO(
+        "offload_param nvme: {} unit shard(s) per rank ({} elements of {}; the first "
+        "max_in_cpu {} elements of shards stay in memory) in a {:.2f} GiB swap file in {}, read "
+        "ahead of their all-gathers up to {} at a time through buffers of {:.1f} MiB; {}",
+        numels.size(), total, c10::toString(dtype), op.max_in_cpu,
+        swapper->file_bytes() / double(1 << 30), *op.nvme_path, po.buffer_count,
+        io::align_up(largest * c10::elementSize(dtype)) / double(1 << 20), async_io_->describe());
+  }
+  return swapper;
+}
+
 void EngineImpl::build_optimizer() {
   if (client_optimizer_) {
     DSCPP_CHECK(config_.optimizer.type.empty(), ConfigError,
@@ -318,7 +383,7 @@ void EngineImpl::build_optimizer() {
                 "{\"lr\": 1e-3}}}");
     // Over this rank's part: everything at stage 0, its shard at stages 1-3; none when the
     // state is swapped in from disk for each sub-group (StepContext::state).
-    const size_t weights = dtype_ != at::kFloat ? 1 : 0;
+    const size_t weights = weights_swapped_ ? 1 : 0;
     const bool swapped_state = swapper_ && swapper_->names().size() > weights;
     optimizer_ = optim::make_optimizer(
         config_.optimizer, swapped_state ? 0 : strategy_->part_numel(),

@@ -32,6 +32,29 @@ double rss_gib() {
 }
 
 // Sum of squares in double, in chunks (no full-size double copy of a large shard), read once.
+// The parts' gradients as maximal runs of adjacent memory (a stage's parts are pieces of one
+// gradient shard), so how a stage cuts its part (stage 3: resident, in memory, on disk) does not
+// change the rounding of the gradient norm.
+std::vector<at::Tensor> adjacent_runs(const std::vector<zero::Part>& parts) {
+  std::vector<at::Tensor> runs;
+  for (const auto& p : parts) {
+    const at::Tensor& g = p.grads;
+    if (!runs.empty()) {
+      at::Tensor& last = runs.back();
+      const bool adjacent = last.is_contiguous() && g.is_contiguous() && last.dim() == 1 &&
+                            g.dim() == 1 && last.scalar_type() == g.scalar_type() &&
+                            last.is_alias_of(g) &&
+                            last.storage_offset() + last.numel() == g.storage_offset();
+      if (adjacent) {
+        last = last.as_strided({last.numel() + g.numel()}, {1});
+        continue;
+      }
+    }
+    runs.push_back(g);
+  }
+  return runs;
+}
+
 double sq_norm(const at::Tensor& t) {
   constexpr int64_t kChunk = 1 << 20;
   at::Tensor total = at::zeros({}, t.options().dtype(at::kDouble));
@@ -218,7 +241,7 @@ EngineImpl::Reduced EngineImpl::reduce_window() {
   r.parts = strategy_->parts();
   // The same arithmetic for every stage's part, so every stage clips alike.
   double part_sq_norm = 0;
-  for (const auto& p : r.parts) part_sq_norm += sq_norm(p.grads);
+  for (const auto& g : adjacent_runs(r.parts)) part_sq_norm += sq_norm(g);
   if (side_channel) {
     at::Tensor s = side.to(at::kCPU, at::kDouble);  // may live on a GPU
     const double* p = s.data_ptr<double>();
@@ -305,8 +328,7 @@ void EngineImpl::apply_step() {
   DSCPP_LOG_DEBUG("optimizer step {}: loss {:.6f}, grad_norm {:.6f}, lr {:.6e}", global_steps_ + 1,
                   loss, grad_norm, lr);
   strategy_->before_update();
-  run_optimizer(red, unscale, coef, lr);
-  if (master_) master_->publish(red.parts);
+  update_parameters(red, unscale, coef, lr);
   strategy_->publish_params();
   const double used_scale = loss_scale();
   if (scaler_) scaler_->update(/*overflow=*/false);
@@ -328,9 +350,22 @@ void EngineImpl::apply_step() {
 
 void EngineImpl::run_optimizer(const Reduced& red, double unscale, double coef, double lr) {
   // Unscaled and clipped fp32 gradients: in place in fp32; under mixed precision cast a piece at
-  // a time, so the step never holds an fp32 copy of the whole (shard of the) gradient.
+  // a time, so the step never holds an fp32 copy of the whole (shard of the) gradient. The pieces
+  // (and offload's sub-groups) are cast into one buffer kept across steps: a fresh allocation per
+  // piece costs more in page faults than the cast itself once it exceeds malloc's mmap threshold
+  // (32 MiB; a sub-group of 1e7 elements spent 86% of its step there).
+  const int64_t scratch_limit =
+      swapper_ ? config_.zero_optimization.sub_group_size : int64_t{kStepPiece};
   auto fp32_grads = [&](const at::Tensor& grads) {
-    at::Tensor g = dtype_ != at::kFloat ? grads.to(at::kFloat) : grads;
+    at::Tensor g = grads;
+    if (dtype_ != at::kFloat && grads.numel() > scratch_limit) {
+      g = grads.to(at::kFloat);
+    } else if (dtype_ != at::kFloat) {
+      if (!grad_scratch_.defined() || grad_scratch_.numel() < grads.numel())
+        grad_scratch_ = at::empty({scratch_limit}, grads.options().dtype(at::kFloat));
+      g = grad_scratch_.narrow(0, 0, grads.numel());
+      g.copy_(grads);
+    }
     if (unscale != 1.0) g.mul_(unscale);
     if (coef < 1.0) g.mul_(coef);
     return g;
@@ -348,7 +383,7 @@ void EngineImpl::run_optimizer(const Reduced& red, double unscale, double coef, 
   const int64_t total = strategy_->part_numel();
   const bool pieces = dtype_ != at::kFloat && optimizer_->supports_pieces();
   for (const auto& part : red.parts) {
-    const int64_t n = part.params.numel();
+    const int64_t n = part.numel();
     at::Tensor weights = master_ ? master_->weights().narrow(0, part.offset, n) : part.params;
     const int64_t piece = pieces ? kStepPiece : n;
     for (int64_t off = 0; off < n; off += piece) {
@@ -364,33 +399,48 @@ void EngineImpl::run_offloaded_optimizer(
     const std::vector<zero::Part>& parts,
     const std::function<at::Tensor(const at::Tensor&)>& fp32_grads, optim::StepContext ctx) {
   // Sub-group by sub-group through the swap file (NOTE [swap file layout]): its tensors are the
-  // fp32 weights (mixed precision), then the optimizer's states. A sub-group may span parts
-  // (stage 3's units); each overlap is one optimizer call, and under mixed precision its
-  // updated weights are cast into the parameters at once (what MasterWeights::publish does
-  // for the whole part otherwise).
-  const bool mixed = dtype_ != at::kFloat;
-  const size_t first_state = mixed ? 1 : 0;
+  // fp32 weights (mixed precision, or parameters on disk), then the optimizer's states. A
+  // sub-group may span parts (stage 3's units); each overlap is one optimizer call, and when the
+  // weights are swapped its updated weights are cast into the parameters (or handed to the
+  // parameters' swap file) at once, as MasterWeights::publish does for the whole part otherwise.
+  const size_t first_state = weights_swapped_ ? 1 : 0;
+  swapper_->for_each_sub_group(
+      [&](int64_t begin, int64_t length, const std::vector<at::Tensor>& t) {
+        for (const auto& part : parts) {
+          const int64_t lo = std::max(begin, part.offset);
+          const int64_t hi = std::min(begin + length, part.offset + part.numel());
+          if (lo >= hi) continue;
+          at::Tensor w = weights_swapped_ ? t[0].narrow(0, lo - begin, hi - lo)
+                                          : part.params.narrow(0, lo - part.offset, hi - lo);
+          ctx.state.clear();
+          for (size_t i = first_state; i < t.size(); ++i)
+            ctx.state.push_back(t[i].narrow(0, lo - begin, hi - lo));
+          if (ctx.state.empty()) ctx.offset = lo;  // a stateless optimizer (SGD, no momentum)
+          optimizer_->step(w, fp32_grads(part.grads.narrow(0, lo - part.offset, hi - lo)), ctx);
+          if (weights_swapped_) part.store(lo - part.offset, w);
+        }
+      });
+}
+
+void EngineImpl::update_parameters(const Reduced& red, double unscale, double coef, double lr) {
+  bool on_disk = swapper_ != nullptr;
+  for (const auto& p : red.parts) on_disk = on_disk || p.sink;
+  if (!on_disk) {
+    run_optimizer(red, unscale, coef, lr);
+    if (master_) master_->publish(red.parts);
+    return;
+  }
   std::exception_ptr error;
   try {
-    swapper_->for_each_sub_group(
-        [&](int64_t begin, int64_t length, const std::vector<at::Tensor>& t) {
-          for (const auto& part : parts) {
-            const int64_t n = part.params.numel();
-            const int64_t lo = std::max(begin, part.offset);
-            const int64_t hi = std::min(begin + length, part.offset + n);
-            if (lo >= hi) continue;
-            at::Tensor params = part.params.narrow(0, lo - part.offset, hi - lo);
-            at::Tensor w = mixed ? t[0].narrow(0, lo - begin, hi - lo) : params;
-            ctx.state.clear();
-            for (size_t i = first_state; i < t.size(); ++i)
-              ctx.state.push_back(t[i].narrow(0, lo - begin, hi - lo));
-            if (ctx.state.empty()) ctx.offset = lo;  // a stateless optimizer (SGD, no momentum)
-            optimizer_->step(w, fp32_grads(part.grads.narrow(0, lo - part.offset, hi - lo)), ctx);
-            if (mixed) params.copy_(w);
-          }
-        });
+    run_optimizer(red, unscale, coef, lr);
+    if (master_) master_->publish(red.parts);
+    zero::finish_stores(red.parts);
   } catch (...) {
     error = std::current_exception();
+    try {
+      zero::finish_stores(red.parts);  // nothing may still be writing from a buffer
+    } catch (...) {
+    }
   }
   // Ranks whose swap failed have a part that is neither the old one nor the new one, while the
   // others updated theirs: no rank may go on (the next all-gather would mix them). Every rank
@@ -443,7 +493,8 @@ MemoryStats EngineImpl::memory_stats() {
   }
   m.staging = strategy_->staging_bytes();
   m.gathered = strategy_->gathered_peak_bytes();
-  if (swapper_) m.offload_buffers = swapper_->buffer_bytes();
+  m.offload_buffers =
+      (swapper_ ? swapper_->buffer_bytes() : 0) + strategy_->param_swap_buffer_bytes();
   return m;
 }
 
@@ -484,6 +535,13 @@ void EngineImpl::log_step() const {
           swap_.total_seconds * 1e3, swap_.bytes_read / double(1 << 20),
           swap_.bytes_written / double(1 << 20), swap_.wait_seconds * 1e3,
           swap_.step_seconds * 1e3);
+    }
+    if (fetch_.disk_reads > 0 || fetch_.disk_bytes_written > 0) {
+      line += fmt::format(
+          "; parameters on disk: read {} shards ({} ahead of their request, {:.1f} MiB), wrote "
+          "{:.1f} MiB, waited for the disk {:.1f} ms",
+          fetch_.disk_reads, fetch_.disk_reads_ahead, fetch_.disk_bytes_read / double(1 << 20),
+          fetch_.disk_bytes_written / double(1 << 20), fetch_.disk_wait_seconds * 1e3);
     }
   }
   DSCPP_LOG_INFO("{}", line);

@@ -81,8 +81,10 @@ void GPTConfig::validate() const {
 
 int64_t GPTConfig::num_parameters() const {
   const int64_t c = n_embd;
-  return vocab_size * c + block_size * c + n_layer * (12 * c * c + 13 * c) + 2 * c;
+  return vocab_size * c + block_size * c + n_layer * block_parameters() + 2 * c;
 }
+
+int64_t GPTConfig::block_parameters() const { return 12 * n_embd * n_embd + 13 * n_embd; }
 
 std::string GPTConfig::to_string() const {
   return detail::str_cat("n_layer=", n_layer, " n_head=", n_head, " n_embd=", n_embd,
@@ -229,7 +231,8 @@ at::Tensor GPTImpl::forward(const at::Tensor& idx) {
   // Each unit runs through zero::call (a plain call below ZeRO stage 3): wte twice, as the
   // embedding and as the tied output projection, and each block.
   auto pos = at::arange(t, idx.options());  // [T]
-  auto embed = zero::call(*wte, [this](const at::Tensor& i) { return wte->forward(i); }, idx);
+  auto embed = zero::call(
+      *wte, [this](const at::Tensor& i) { return wte->forward(i); }, idx);
   auto x = embed + wpe->forward(pos);  // [B, T, C]
   for (const auto& block : *h) {
     // The holder is captured by value: zero::checkpoint keeps fn until backward.

@@ -139,21 +139,28 @@ void OptimizerSwapper::for_each_sub_group(const SubGroupFn& fn) {
 
 void OptimizerSwapper::seek(int64_t k) {
   if (cursor_k_ == k) return;
-  flush();
-  cursor_ = io::AlignedBuffer(bytes_of(0));
+  write_back_cursor();
+  // One buffer for every position: a fresh one per sub-group would fault its pages in each time
+  // (most of a 2B-parameter model's set-up).
+  if (cursor_.size() == 0) cursor_ = io::AlignedBuffer(bytes_of(0));
+  cursor_k_ = -1;
   wait(load(cursor_.data(), k));
   cursor_k_ = k;
 }
 
-void OptimizerSwapper::flush() {
+void OptimizerSwapper::write_back_cursor() {
   if (cursor_k_ >= 0 && cursor_dirty_) {
     stats_.bytes_written += static_cast<int64_t>(bytes_of(cursor_k_));
     wait(file_->write(offset_of(cursor_k_), cursor_.data(), bytes_of(cursor_k_)));
     written_[cursor_k_] = true;
   }
+  cursor_dirty_ = false;
+}
+
+void OptimizerSwapper::flush() {
+  write_back_cursor();
   cursor_ = io::AlignedBuffer();
   cursor_k_ = -1;
-  cursor_dirty_ = false;
 }
 
 void OptimizerSwapper::write(int t, int64_t offset, const at::Tensor& values) {

@@ -83,6 +83,8 @@ class OptimizerSwapper {
   io::IoHandle load(void* buffer, int64_t k);
   // Moves the cursor to sub-group k.
   void seek(int64_t k);
+  // Writes the cursor's sub-group back if it changed (the buffer stays).
+  void write_back_cursor();
   // Waits for h (if any), counting the time blocked.
   void wait(const io::IoHandle& h);
 

@@ -1,4 +1,5 @@
-# Sources of src/offload (optimizer state swapped to disk, sub-group by sub-group), appended to
-# the dscpp library.
+# Sources of src/offload (optimizer state swapped to disk sub-group by sub-group; stage 3's
+# parameter shards swapped unit by unit), appended to the dscpp library.
 target_sources(dscpp PRIVATE
-  ${CMAKE_CURRENT_LIST_DIR}/optimizer_swapper.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/optimizer_swapper.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/param_swapper.cpp)

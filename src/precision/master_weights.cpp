@@ -31,7 +31,7 @@ zero::FlattenTap MasterWeights::tap(int64_t begin) {
 
 void MasterWeights::publish(const std::vector<zero::Part>& parts) const {
   at::NoGradGuard no_grad;
-  for (const auto& p : parts) p.params.copy_(weights_.narrow(0, p.offset, p.params.numel()));
+  for (const auto& p : parts) p.store(0, weights_.narrow(0, p.offset, p.numel()));
 }
 
 }  // namespace dscpp::precision

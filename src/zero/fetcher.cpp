@@ -69,6 +69,12 @@ void ParamFetcher::wait(FetchUnit& u) {
   if (!u.work) return;
   comm::WorkHandle w = std::move(u.work);
   u.work = nullptr;
+  struct DropShard {
+    FetchUnit& u;
+    ~DropShard() {
+      if (u.shard_on_disk) u.shard = at::Tensor();
+    }
+  } drop{u};
   w->wait();
 }
 

@@ -30,9 +30,11 @@ namespace dscpp::zero {
 
 // One unit's storage, as the fetcher sees it.
 struct FetchUnit {
-  std::string name;       // the unit's module path, for messages
-  at::Tensor full;        // [padded], training dtype; the parameters are views of it
-  at::Tensor shard;       // [padded / world] this rank's shard, persistent
+  std::string name;  // the unit's module path, for messages
+  at::Tensor full;   // [padded], training dtype; the parameters are views of it
+  at::Tensor shard;  // [padded / world] this rank's shard: persistent, or (shard on disk)
+                     // brought in for an all-gather and dropped once it is done
+  bool shard_on_disk = false;
   at::Tensor block;       // the pool block swapped in while gathered (or gathering)
   comm::WorkHandle work;  // the all-gather in flight, if any
   bool gathered = false;  // memory swapped in (the all-gather may still be running: work)
@@ -47,7 +49,8 @@ class ParamFetcher {
   void park(FetchUnit& u);
   // Swaps a block in and launches the all-gather of the shards into it; returns at once.
   void gather(FetchUnit& u);
-  // Waits for u's all-gather (if any). Throws CommError if it failed.
+  // Waits for u's all-gather (if any), then drops a shard brought in from disk. Throws
+  // CommError if it failed.
   void wait(FetchUnit& u);
   // Swaps u's memory out (debug: fills it with NaN and keeps it) and returns the block to the
   // pool. Waits for an all-gather still in flight first.

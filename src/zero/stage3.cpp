@@ -109,6 +109,34 @@ Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& com
     shard_total += units_[u].layout.shard;
   }
   part_numel_ = resident_shard + shard_total;
+  // offload_param nvme (NOTE [stage 3 parameter offload]): the shards past the first max_in_cpu
+  // elements go to disk, so the ones in memory are a prefix of the units and the ones on disk the
+  // rest of the part.
+  int64_t in_memory = shard_total;
+  if (s3.make_param_swapper) {
+    std::vector<int64_t> disk_numels;
+    int64_t kept = 0;
+    for (auto& unit : units_) {
+      const int64_t n = unit.layout.shard;
+      if (n == 0) continue;
+      if (disk_numels.empty() && kept + n <= s3.max_in_cpu) {
+        kept += n;
+        continue;
+      }
+      unit.disk = static_cast<int>(disk_numels.size());
+      disk_numels.push_back(n);
+    }
+    in_memory = kept;
+    if (!disk_numels.empty()) {
+      param_swap_ = s3.make_param_swapper(disk_numels, options_.dtype().toScalarType());
+    } else if (rank == 0) {
+      DSCPP_LOG_INFO(
+          "offload_param nvme: this rank's {} shard elements fit zero_optimization.offload_param."
+          "max_in_cpu ({}), so every shard stays in memory and nothing goes to disk (as in "
+          "DeepSpeed); a lower max_in_cpu (0: none) puts the rest on disk",
+          kept, s3.max_in_cpu);
+    }
+  }
   tap_ = make_tap ? make_tap(part_numel_) : PartTap();
   const PartTap& tap = tap_;
   resident_params_ = resident.params;
@@ -130,14 +158,17 @@ Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& com
   }
 
   // The units: each one's large parameters sharded; this rank keeps its shards in shards_.
-  shards_ = at::zeros({shard_total}, options_);
+  shards_ = at::zeros({in_memory}, options_);
   {
     at::NoGradGuard no_grad;
     for (size_t u = 0; u < units_.size(); ++u) {
       Unit& unit = units_[u];
       const FlatLayout& l = unit.layout;
       unit.storage.full = at::empty({l.padded}, options_);
-      unit.storage.shard = shards_.narrow(0, unit.part_offset - resident_shard, l.shard);
+      // A shard on disk is built here, written, and dropped.
+      unit.storage.shard = unit.disk >= 0 || l.shard == 0
+                               ? at::zeros({l.shard}, options_)
+                               : shards_.narrow(0, unit.part_offset - resident_shard, l.shard);
       // A unit zero::Init sharded as the model was built brings its shard; the others are whole.
       std::optional<PreSharded> pre = take_presharded(*unit.module);
       if (pre) {
@@ -166,6 +197,11 @@ Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& com
         unit.params.push_back(p);
         unit.names.push_back(sharded[u].names[i]);
         unit.shapes.push_back(p.sizes().vec());
+      }
+      if (unit.disk >= 0) {
+        param_swap_->store(unit.disk, unit.storage.shard);
+        unit.storage.shard = at::Tensor();
+        unit.storage.shard_on_disk = true;
       }
       fetcher_.park(unit.storage);
     }
@@ -210,7 +246,7 @@ Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& com
         "ZeRO stage 3 without units (InitOptions::zero_units is empty): the whole "
         "model is one unit, gathered between steps, so parameter memory in forward "
         "and backward is not reduced; mark units (e.g. {{\"h.*\"}}) for that");
-    fetcher_.gather(units_[0].storage);
+    gather(0);
     fetcher_.wait(units_[0].storage);
   }
   if (rank == 0) {
@@ -379,7 +415,7 @@ void Stage3::request(int u, bool record) {
     }
   }
   if (!unit.storage.gathered) {
-    fetcher_.gather(unit.storage);
+    gather(u);
     ++stats_.gathers;
   }
   if (unit.storage.work) {
@@ -391,14 +427,50 @@ void Stage3::request(int u, bool record) {
   if (record && following_) prefetch();
 }
 
+void Stage3::gather(int u) {
+  Unit& unit = units_[u];
+  if (unit.disk >= 0 && !unit.storage.shard.defined() && !unit.storage.gathered) {
+    unit.storage.shard = param_swap_->take(unit.disk);
+  }
+  fetcher_.gather(unit.storage);
+}
+
+void Stage3::read_ahead() {
+  // NOTE [stage 3 parameter offload]: the shards of the next requests' units, in record order,
+  // as far as the swapper has buffers for; units gathered now need none.
+  for (size_t j = cursor_; j < record_.size(); ++j) {
+    const Unit& v = units_[record_[j]];
+    if (v.disk < 0 || v.storage.gathered) continue;
+    if (!param_swap_->read_ahead(v.disk)) break;
+  }
+}
+
 Strategy::FetchStats Stage3::take_fetch_stats() {
   FetchStats s = stats_;
   stats_ = FetchStats();
+  if (param_swap_) {
+    const offload::ParamSwapStats d = param_swap_->take_stats();
+    s.disk_reads = d.reads;
+    s.disk_reads_ahead = d.reads_ahead;
+    s.disk_bytes_read = d.bytes_read;
+    s.disk_bytes_written = d.bytes_written;
+    s.disk_wait_seconds = d.wait_seconds;
+  }
   return s;
 }
 
 void Stage3::prefetch() {
   // NOTE [stage 3 prefetch order]: the next requests' units, within the prefetch and live budgets.
+  // Shards on disk are read ahead first, so the gathers below find theirs read (or reading), and
+  // again after them, into the buffers the gathers took theirs from (NOTE [stage 3 parameter
+  // offload]).
+  struct ReadAhead {
+    Stage3& s;
+    ~ReadAhead() {
+      if (s.param_swap_) s.read_ahead();
+    }
+  } read_ahead_after{*this};
+  if (param_swap_) read_ahead();
   if (s3_.prefetch_bucket_size <= 0) return;
   const int64_t item = static_cast<int64_t>(c10::elementSize(options_.dtype().toScalarType()));
   int64_t in_flight = 0;
@@ -411,7 +483,7 @@ void Stage3::prefetch() {
       continue;
     }
     if (fetcher_.live_bytes() / item + n > s3_.max_live_parameters) break;
-    fetcher_.gather(v.storage);
+    gather(record_[j]);
     ++stats_.gathers;
     ++stats_.prefetched;
     in_flight += n;
@@ -592,6 +664,24 @@ std::map<std::string, std::string> Stage3::load_weights(const std::string& path)
   const int rank = comm_.rank();
   at::NoGradGuard no_grad;
   auto fp32 = at::TensorOptions().dtype(at::kFloat);
+  // A unit's shard on disk is read once, changed for each of its parameters, and written back
+  // when the next unit's turn comes.
+  int open_unit = -1;
+  at::Tensor open_shard;
+  auto close_shard = [&] {
+    if (open_unit >= 0) param_swap_->store(units_[open_unit].disk, open_shard);
+    open_unit = -1;
+    open_shard = at::Tensor();
+  };
+  auto shard_of = [&](int u) -> at::Tensor {
+    if (units_[u].disk < 0) return units_[u].storage.shard;
+    if (open_unit != u) {
+      close_shard();
+      open_shard = param_swap_->take(units_[u].disk);
+      open_unit = u;
+    }
+    return open_shard;
+  };
   for (auto& item : named) {
     at::Tensor& p = item.value();
     auto it = place.find(p.unsafeGetTensorImpl());
@@ -621,9 +711,10 @@ std::map<std::string, std::string> Stage3::load_weights(const std::string& path)
     if (lo >= hi) continue;
     at::Tensor values = at::empty({hi - lo}, fp32);
     reader.read(item.key(), lo - off, values);
-    unit.storage.shard.narrow(0, lo - begin, hi - lo).copy_(values);
+    shard_of(it->second.first).narrow(0, lo - begin, hi - lo).copy_(values);
     if (tap_) tap_(unit.part_offset + lo - begin, values);
   }
+  close_shard();
   last_load_bytes_ = reader.bytes_read();
   return reader.metadata();
 }
@@ -665,7 +756,7 @@ int Stage3::open_scope(torch::nn::Module& module, std::optional<int> modifier) {
     if (!any) continue;
     scope.units.push_back(static_cast<int>(u));
     ++units_[u].held;
-    if (!units_[u].storage.gathered) fetcher_.gather(units_[u].storage);
+    if (!units_[u].storage.gathered) gather(static_cast<int>(u));
   }
   for (int u : scope.units) fetcher_.wait(units_[u].storage);
   scopes_.push_back(scope);
@@ -721,7 +812,11 @@ void Stage3::write_back(int u, int root) {
   unit.storage.full.copy_(f);
   const int64_t s = unit.layout.shard;
   at::Tensor mine = f.narrow(0, unit.layout.shard_offset(rank), s);
-  unit.storage.shard.copy_(mine);
+  if (unit.disk >= 0) {
+    param_swap_->store(unit.disk, mine);
+  } else {
+    unit.storage.shard.copy_(mine);
+  }
   if (tap_) tap_(unit.part_offset, mine);
 }
 
@@ -742,6 +837,11 @@ std::vector<Part> Stage3::parts() {
                        g.narrow(0, 0, rs), 0});
   }
   if (shards_.numel() > 0) out.push_back(Part{shards_, g.narrow(0, rs, shards_.numel()), rs});
+  if (param_swap_) {  // the rest of the part, on disk (NOTE [stage 3 parameter offload])
+    const int64_t at_ = rs + shards_.numel();
+    out.push_back(
+        Part{at::Tensor(), g.narrow(0, at_, param_swap_->numel()), at_, param_swap_.get()});
+  }
   return out;
 }
 
@@ -751,7 +851,7 @@ void Stage3::publish_params() {
     gather_in_place(comm_, resident_flat_, resident_layout_.shard, allgather_bucket_size_);
   }
   if (whole_model_unit_) {
-    fetcher_.gather(units_[0].storage);
+    gather(0);
     fetcher_.wait(units_[0].storage);
   }
 }
@@ -780,6 +880,7 @@ std::vector<CheckpointGroup> Stage3::checkpoint_groups() const {
 }
 
 int64_t Stage3::param_bytes() const {
+  // In memory: shards on disk count in param_swap_buffer_bytes() while they are read in.
   return static_cast<int64_t>(resident_flat_.nbytes() + shards_.nbytes());
 }
 

@@ -24,6 +24,14 @@
 // a request differs from the record, the record is dropped (debug log), units are gathered on
 // demand for the rest of the step, and the next step records again.
 //
+// NOTE [stage 3 parameter offload]: with offload_param nvme, the shards of the units past the
+// first max_in_cpu elements of this rank's part live in a swap file (offload/param_swapper.h),
+// in part order, so the step's updated values stream into it front to back (a Part with a sink,
+// strategy.h). A shard comes into memory for its unit's all-gather only: following the record,
+// the shards of the next requests are read ahead (up to offload_param.buffer_count of them) while
+// earlier units run, and the all-gather drops its input once done. Ranks decide every all-gather
+// from the record alone, never from whether a read has finished, so collectives stay in step.
+//
 // A model with no policy is one unit, the whole model: its full parameters are kept between steps
 // (its forward runs without zero::call) and released while the optimizer steps on the shards;
 // the engine says once that parameter memory in forward is not reduced.
@@ -40,6 +48,7 @@
 #include <vector>
 
 #include "dscpp/zero.h"
+#include "offload/param_swapper.h"
 #include "zero/fetcher.h"
 #include "zero/reduce_scatter.h"
 #include "zero/strategy.h"
@@ -57,6 +66,13 @@ struct Stage3Options {
   int64_t max_live_parameters = 1000000000;
   int64_t max_reuse_distance = 1000000000;
   bool debug = false;  // released units are NaN-filled instead of freed (fetcher.h)
+  // offload_param nvme (NOTE [stage 3 parameter offload]): makes the swap file for the shards of
+  // the units past the first `max_in_cpu` shard elements (their lengths in part order, training
+  // dtype); null: every shard stays in memory.
+  std::function<std::unique_ptr<offload::ParamSwapper>(const std::vector<int64_t>& numels,
+                                                       at::ScalarType dtype)>
+      make_param_swapper;
+  int64_t max_in_cpu = 0;
 };
 
 // Sees the fp32 values of this rank's part as stage 3 shards the model: (offset in the part,
@@ -88,6 +104,9 @@ class Stage3 final : public Strategy {
   void before_update() override;
   void publish_params() override;
   int64_t param_bytes() const override;
+  int64_t param_swap_buffer_bytes() const override {
+    return param_swap_ ? param_swap_->buffer_bytes() : 0;
+  }
   std::vector<CheckpointGroup> checkpoint_groups() const override;
   bool gathered_scope_open() const override { return !scopes_.empty(); }
   int64_t gathered_peak_bytes() const override { return fetcher_.peak_live_bytes(); }
@@ -128,13 +147,18 @@ class Stage3 final : public Strategy {
     std::vector<at::Tensor> params;
     std::vector<std::string> names;
     std::vector<std::vector<int64_t>> shapes;
-    int held = 0;  // GatheredParameters scopes holding it gathered
+    int disk = -1;  // its shard's index in the parameter swap file, or -1: in memory
+    int held = 0;   // GatheredParameters scopes holding it gathered
     // In the current backward (NOTE [stage 3 backward]).
     int pending_inputs = 0;  // UnitInputs made in forward whose backward has not run
     bool in_backward = false;
     bool grads_done = false;
   };
   void find_units(torch::nn::Module& model, const UnitPolicy& policy);
+  // Launches u's all-gather (fetcher.h), bringing its shard in from disk first when it is there.
+  void gather(int u);
+  // Reads ahead the shards on disk of the next requests in the record.
+  void read_ahead();
   // Ensures u is gathered and its all-gather done; with `record`, records / follows the order
   // and prefetches (NOTE [stage 3 prefetch order]).
   void request(int u, bool record);
@@ -173,7 +197,9 @@ class Stage3 final : public Strategy {
   at::Tensor resident_flat_;  // [padded] the resident group's parameters (whole on every rank)
   int64_t allgather_bucket_size_ = 0;
   std::vector<Unit> units_;
-  at::Tensor shards_;  // [sum of the units' shards] this rank's shards, training dtype
+  at::Tensor shards_;  // [sum of the in-memory units' shards] this rank's shards, training dtype
+  // offload_param nvme: the other units' shards (NOTE [stage 3 parameter offload]).
+  std::unique_ptr<offload::ParamSwapper> param_swap_;
   std::unique_ptr<SlotReducer> reducer_;
   ParamFetcher fetcher_;
   int running_ = -1;  // the unit whose fn runs now (units do not nest)

@@ -51,12 +51,35 @@ struct CheckpointGroup {
 CheckpointGroup checkpoint_group(std::string name, const NamedParams& np, const FlatLayout& layout,
                                  int64_t begin, int64_t length, int64_t part_offset);
 
+// Where the updated parameters of a part on disk go (stage 3's offload_param,
+// offload/param_swapper.h): the step puts their values front to back, then finish() waits until
+// they are written (and rethrows an I/O failure).
+class ParamSink {
+ public:
+  virtual ~ParamSink() = default;
+  // Elements [offset, offset + values.numel()) of the sink's part (fp32 or training dtype).
+  virtual void put(int64_t offset, const at::Tensor& values) = 0;
+  virtual void finish() = 0;
+};
+
 // A contiguous piece of what this rank updates: params [n] in the training dtype, the averaged
 // gradient [n] in the training dtype, and where the piece starts in the optimizer's buffer.
+// Parameters on disk (stage 3's offload_param) have no params tensor: store() hands their
+// updated values to `sink` instead.
 struct Part {
   at::Tensor params;
   at::Tensor grads;
   int64_t offset = 0;
+  ParamSink* sink = nullptr;
+  int64_t numel() const { return grads.numel(); }
+  // The updated values of elements [off, off + values.numel()) of this part, cast.
+  void store(int64_t off, const at::Tensor& values) const {
+    if (sink) {
+      sink->put(off, values);
+    } else {
+      params.narrow(0, off, values.numel()).copy_(values);
+    }
+  }
 };
 
 class Strategy {
@@ -107,18 +130,31 @@ class Strategy {
 
   // Bytes held for the parameters, the gradients between steps and the staging buffers.
   virtual int64_t param_bytes() const = 0;
+  // Stage 3 with offload_param: bytes of the parameter swap's buffers.
+  virtual int64_t param_swap_buffer_bytes() const { return 0; }
   // Stage 3: the most bytes of gathered unit parameters held at once so far.
   virtual int64_t gathered_peak_bytes() const { return 0; }
   // Stage 3: seconds the training thread waited for parameter all-gathers since the last call,
   // and how many gathers were issued and how many of them ahead of their request (prefetch).
+  // With offload_param nvme also the shards read from disk (and of them read ahead), their
+  // bytes, and the seconds waited for the disk.
   struct FetchStats {
     double wait_seconds = 0;
     int64_t gathers = 0, prefetched = 0;
+    int64_t disk_reads = 0, disk_reads_ahead = 0, disk_bytes_read = 0, disk_bytes_written = 0;
+    double disk_wait_seconds = 0;
   };
   virtual FetchStats take_fetch_stats() { return {}; }
   int64_t grad_bytes() { return reducer().grad_bytes(); }
   int64_t staging_bytes() { return reducer().staging_bytes(); }
 };
+
+// Waits for the parts' parameters on disk to be written (ParamSink::finish).
+inline void finish_stores(const std::vector<Part>& parts) {
+  for (const auto& p : parts) {
+    if (p.sink) p.sink->finish();
+  }
+}
 
 // The stage's strategy over `np` (fp32, one device), laid out by `layout` (FlatLayout::of(np,
 // world)). The parameters become views into a flat buffer of options.reduce.dtype; `tap` sees

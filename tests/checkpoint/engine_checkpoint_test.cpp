@@ -546,9 +546,10 @@ TEST(EngineCheckpoint, EveryRankUsesRankZerosTagAndFailRefusesOthers) {
 namespace dscpp {
 namespace {
 
-// With the optimizer state on disk (offload_optimizer nvme, sub-groups of 5 elements), a
-// checkpoint streams the swap file into the rank files and a load writes them back: the resume
-// is bit-exact, and a checkpoint moves between offloaded and in-memory engines both ways.
+// With the optimizer state on disk (offload_optimizer nvme, sub-groups of 5 elements; at stage 3
+// the parameter shards too), a checkpoint streams the swap file into the rank files and a load
+// writes them back: the resume is bit-exact, and a checkpoint moves between offloaded and
+// in-memory engines both ways.
 TEST(EngineCheckpoint, OffloadedStateSavesAndLoadsBitExactBothWays) {
   constexpr int kWorld = 2, K = 3;
   TempDir swap;
@@ -563,6 +564,12 @@ TEST(EngineCheckpoint, OffloadedStateSavesAndLoadsBitExactBothWays) {
         z += ", \"sub_group_size\": 5, \"offload_optimizer\": {\"device\": \"nvme\", "
              "\"nvme_path\": \"" +
              swap.path() + "\", \"pipeline_read\": true, \"pipeline_write\": true}";
+        // Stage 3: the parameter shards on disk too.
+        if (stage == 3) {
+          z += ", \"offload_param\": {\"device\": \"nvme\", \"max_in_cpu\": 0, "
+               "\"nvme_path\": \"" +
+               swap.path() + "\"}";
+        }
       }
       return config_json(kWorld * 2, 2, base + z + "}");
     };

@@ -42,8 +42,12 @@ TEST(CheckSupported, SettingsThatWouldChangeTrainingOrMemoryAreRefusedByName) {
     std::string extra, needle;
   };
   for (const Case& c : std::vector<Case>{
-           {R"(, "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}})",
-            "offload_param.device \"cpu\""},
+           {R"(, "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme",
+               "nvme_path": "/tmp"}})",
+            "offload_param.device \"nvme\" in fp32 needs offload_optimizer.device \"nvme\""},
+           {R"(, "bf16": {"enabled": true}, "zero_optimization": {"stage": 3, "offload_param":
+               {"device": "nvme", "nvme_path": "/tmp", "buffer_count": 0}})",
+            "offload_param.buffer_count 0"},
            {R"(, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme",
                "nvme_path": "/tmp", "ratio": 0.5}})",
             "offload_optimizer.ratio 0.5"},

@@ -1,8 +1,9 @@
-// Optimizer offload to disk (docs/offload.md), ranks as threads: with the fp32 weights and the
-// optimizer state in swap files, stepped sub-group by sub-group, training is the same as without
-// offload bit for bit at stages 1-3, in fp32 and bf16, at worlds 1 and 2, for every pipeline
-// setting, I/O backend and optimizer; a bad swap folder is refused before training with the
-// reason, and a disk that fails mid-run stops every rank with the file named.
+// Offload to disk (docs/offload.md), ranks as threads: with the fp32 weights and the optimizer
+// state in swap files, stepped sub-group by sub-group, training is the same as without offload
+// bit for bit at stages 1-3, in fp32 and bf16, at worlds 1 and 2, for every pipeline setting, I/O
+// backend and optimizer; a bad swap folder is refused before training with the reason, and a
+// disk that fails mid-run (optimizer state or parameter shards) stops every rank with the file
+// named. Stage 3's parameters on disk are compared with in memory in tests/zero/stage3_test.cpp.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <sys/mount.h>
@@ -17,6 +18,7 @@
 #include "io/async_io.h"
 #include "io/fault_async_io.h"
 #include "offload/optimizer_swapper.h"
+#include "offload/param_swapper.h"
 #include "support/errors.h"
 #include "support/temp_dir.h"
 #include "support/thread_ranks.h"
@@ -151,8 +153,8 @@ TEST(Offload, CpuDeviceWithACpuModelTrainsAsWithout) {
 }
 
 // Start-up errors, on every rank, before a step: a missing folder, a file instead of a folder,
-// a disk too small for the swap file (a 64 KiB tmpfs; needs root to mount), a ratio below 1
-// (the config refuses it below stage 3, check_supported at stage 3).
+// a folder that cannot be written, a disk too small for the swap file (a 64 KiB tmpfs; needs root
+// to mount), a ratio below 1 (the config refuses it below stage 3, check_supported at stage 3).
 TEST(Offload, BadSwapFoldersAreRefusedBeforeTraining) {
   TempDir dir;
   auto errors_for = [&](const std::string& offload) {
@@ -178,6 +180,25 @@ TEST(Offload, BadSwapFoldersAreRefusedBeforeTraining) {
        errors_for("{\"device\": \"nvme\", \"nvme_path\": \"" + dir.path() + "\", \"ratio\": 0.5}"))
     EXPECT_NE(e.find("offload_optimizer.ratio 0.5"), std::string::npos) << e;
 
+  // A folder that cannot be written (a read-only mount; needs root): the open fails naming it.
+  const std::string ro = dir.file("ro");
+  std::filesystem::create_directory(ro);
+  if (geteuid() == 0 && mount("tmpfs", ro.c_str(), "tmpfs", MS_RDONLY, "size=64k") == 0) {
+    auto errs = errors_for(nvme(ro));
+    umount(ro.c_str());
+    for (const auto& e : errs) {
+      EXPECT_TRUE(e.find("dscpp_optimizer_rank") != std::string::npos ||
+                  e.find("failed on rank(s)") != std::string::npos)
+          << e;
+    }
+    EXPECT_TRUE(errs[0].find("Read-only file system") != std::string::npos ||
+                errs[1].find("Read-only file system") != std::string::npos)
+        << errs[0] << "\n"
+        << errs[1];
+  } else {
+    ADD_FAILURE() << "could not mount a read-only tmpfs (needs root): untested here";
+  }
+
   const std::string small = dir.file("small");
   std::filesystem::create_directory(small);
   if (geteuid() == 0 && mount("tmpfs", small.c_str(), "tmpfs", 0, "size=64k") == 0) {
@@ -200,36 +221,128 @@ TEST(Offload, BadSwapFoldersAreRefusedBeforeTraining) {
   }
 }
 
-// A write that fails in the middle of the second step on rank 1: rank 1 throws the disk's error
-// naming its swap file, rank 0 names rank 1, and neither engine takes another step.
-TEST(Offload, ADiskFailingMidRunStopsEveryRankNamingTheFile) {
+// Trains with `cfg` on 2 ranks, rank 1's writes failing at the `nth`: the second step must fail
+// on both ranks, rank 1 with the disk's error naming its swap file `file`, rank 0 naming rank 1,
+// and neither engine may go on. (After the failed step the model's parameters may be released
+// and never published, so only the engine is asked again: a forward could fail in torch on their
+// empty storage.)
+void expect_a_failed_write_stops_every_rank(const std::string& cfg, int64_t nth,
+                                            at::ScalarType dtype, const std::string& file) {
   TempDir dir;
-  io::FaultAsyncIo failing({io::AioFault::Kind::fail_write, 7}, io::make_async_io({}));
+  io::FaultAsyncIo failing({io::AioFault::Kind::fail_write, nth}, io::make_async_io({}));
   std::vector<std::string> first(2), next(2);
   auto errors = run_thread_ranks(2, [&](Communicator& c) {
     enginetest::Net net = enginetest::make_net(1);
     InitOptions o = enginetest::borrowed(c);
     if (c.rank() == 1) o.async_io = &failing;
-    auto e = initialize(net.ptr(),
-                        config_json(8, 4, kAdamW + zero_cfg(2, nvme(dir.path(), kPipelined))), o);
-    auto X = enginetest::dataset_x().narrow(0, 4 * c.rank(), 4);
+    auto e = initialize(net.ptr(), cfg, o);
+    auto X = enginetest::dataset_x().narrow(0, 4 * c.rank(), 4).to(dtype);
     auto Y = enginetest::dataset_y().narrow(0, 4 * c.rank(), 4);
     auto one_step = [&] {
-      e->backward(at::mse_loss(net->forward(X), Y));
+      e->backward(at::mse_loss(net->forward(X).to(at::kFloat), Y));
       e->step();
     };
-    one_step();  // writes 5 sub-groups
+    one_step();
     first[c.rank()] = error_of([&] { one_step(); });
-    next[c.rank()] = error_of([&] { one_step(); });
+    next[c.rank()] = error_of([&] { e->backward(at::zeros({}, at::kFloat).requires_grad_()); });
   });
   for (auto& e : errors) EXPECT_FALSE(e) << error_text(e);
   EXPECT_EQ(failing.injected(), 1);
   EXPECT_NE(first[1].find("Input/output error"), std::string::npos) << first[1];
-  EXPECT_NE(first[1].find("dscpp_optimizer_rank1_pid"), std::string::npos) << first[1];
+  EXPECT_NE(first[1].find(file), std::string::npos) << first[1];
   EXPECT_NE(first[0].find("offloaded optimizer step 2 failed on rank(s) 1"), std::string::npos)
       << first[0];
   for (const auto& n : next)
     EXPECT_NE(n.find("the engine stopped after an earlier failure"), std::string::npos) << n;
+}
+
+// An optimizer swap write that fails in the second step on rank 1 (the first step wrote its 5
+// sub-groups).
+TEST(Offload, ADiskFailingMidRunStopsEveryRankNamingTheFile) {
+  TempDir dir;
+  expect_a_failed_write_stops_every_rank(
+      config_json(8, 4, kAdamW + zero_cfg(2, nvme(dir.path(), kPipelined))), 7, at::kFloat,
+      "dscpp_optimizer_rank1_pid");
+}
+
+// A parameter shard write that fails in the second step on rank 1 (stage 3, offload_param nvme,
+// every shard on disk; rank 1's writes: its shard at set-up, then one per step).
+TEST(Offload, AParameterWriteFailingMidRunStopsEveryRank) {
+  TempDir dir;
+  expect_a_failed_write_stops_every_rank(
+      config_json(8, 4,
+                  kAdamW + ", \"bf16\": {\"enabled\": true}" +
+                      ", \"zero_optimization\": {\"stage\": 3, "
+                      "\"stage3_param_persistence_threshold\": 0, \"offload_param\": {\"device\": "
+                      "\"nvme\", \"max_in_cpu\": 0, \"nvme_path\": \"" +
+                      dir.path() + "\"}}"),
+      3, at::kBFloat16, "dscpp_params_rank1_pid");
+}
+
+// The disk filling mid-run (a small tmpfs holding the swap files and the checkpoints; needs root
+// to mount): the swap files were reserved at start-up, so training goes on; the checkpoint that
+// no longer fits fails on every rank naming the path, `latest` still names the earlier one, and
+// it loads and resumes the run bit for bit.
+TEST(Offload, AFullDiskFailsTheCheckpointAndKeepsTheEarlierOne) {
+  TempDir dir;
+  const std::string disk = dir.file("disk");
+  std::filesystem::create_directory(disk);
+  if (geteuid() != 0 || mount("tmpfs", disk.c_str(), "tmpfs", 0, "size=1m") != 0) {
+    ADD_FAILURE() << "could not mount a small tmpfs (needs root): the full disk is untested here";
+    return;
+  }
+  struct Unmount {
+    std::string path;
+    ~Unmount() { umount(path.c_str()); }
+  } unmount{disk};
+  const std::string cfg = config_json(8, 4, kAdamW + zero_cfg(2, nvme(disk, kPipelined)));
+  const std::string filler = disk + "/filler";
+  std::vector<std::string> failed(2), loaded(2);
+  std::vector<std::vector<double>> straight(2), resumed(2);
+  auto train = [&](Communicator& c, enginetest::Net& net, Engine& e, int steps,
+                   std::vector<double>& losses) {
+    auto X = enginetest::dataset_x().narrow(0, 4 * c.rank(), 4);
+    auto Y = enginetest::dataset_y().narrow(0, 4 * c.rank(), 4);
+    for (int s = 0; s < steps; ++s) {
+      e.backward(at::mse_loss(net->forward(X), Y));
+      e.step();
+      losses.push_back(e.last_step().loss);
+    }
+  };
+  auto errors = run_thread_ranks(2, [&](Communicator& c) {
+    enginetest::Net net = enginetest::make_net(1);
+    auto e = initialize(net.ptr(), cfg, enginetest::borrowed(c));
+    std::vector<double> first;
+    train(c, net, *e, 2, first);
+    e->save_checkpoint(disk + "/ckpt", "early");
+    c.barrier()->wait();
+    if (c.rank() == 0) {  // fill what is left of the disk
+      std::ofstream f(filler, std::ios::binary);
+      const std::string mib(1 << 16, 'x');
+      while (f.write(mib.data(), static_cast<std::streamsize>(mib.size()))) {
+      }
+    }
+    c.barrier()->wait();
+    train(c, net, *e, 2, straight[c.rank()]);
+    failed[c.rank()] = error_of([&] { e->save_checkpoint(disk + "/ckpt", "late"); });
+    c.barrier()->wait();
+    if (c.rank() == 0) std::filesystem::remove(filler);
+    c.barrier()->wait();
+    // The earlier checkpoint, loaded into a fresh engine, continues as the run did.
+    enginetest::Net again = enginetest::make_net(2);
+    auto e2 = initialize(again.ptr(), cfg, enginetest::borrowed(c));
+    loaded[c.rank()] = e2->load_checkpoint(disk + "/ckpt").path;  // `latest`
+    train(c, again, *e2, 2, resumed[c.rank()]);
+  });
+  for (auto& e : errors) EXPECT_FALSE(e) << error_text(e);
+  int full = 0;
+  for (const auto& f : failed) {
+    full += f.find("No space left on device") != std::string::npos;
+    EXPECT_NE(f.find(disk + "/ckpt"), std::string::npos) << f;
+  }
+  EXPECT_GE(full, 1) << failed[0] << "\n" << failed[1];
+  for (const auto& l : loaded) EXPECT_EQ(l, disk + "/ckpt/early");
+  EXPECT_EQ(resumed, straight);
 }
 
 // The swapper on its own: values written through the cursor across sub-group borders come back
@@ -265,6 +378,51 @@ TEST(OptimizerSwapper, CursorAndPipelineAgree) {
   const offload::SwapStats st = s.take_stats();
   EXPECT_GT(st.bytes_written, 0);
   EXPECT_GT(st.bytes_read, 0);
+}
+
+// The parameter swapper on its own: shards stored and taken back, a read ahead served to take(),
+// the step's puts across shard borders (fp32 values cast to bf16) written once each shard is
+// complete, and buffers returning to the pool when the taken tensors go.
+TEST(ParamSwapper, StoreTakeReadAheadAndPutAgree) {
+  TempDir dir;
+  auto io = io::make_async_io({});
+  offload::ParamSwapperOptions o;
+  o.path = dir.file("params");
+  o.numels = {3000, 0, 5000, 10};
+  o.dtype = at::kBFloat16;
+  o.buffer_count = 2;
+  offload::ParamSwapper s(*io, o);
+  EXPECT_TRUE(dir.entries().empty()) << "unlinked while open";
+  EXPECT_EQ(s.numel(), 8010);
+  EXPECT_EQ(s.file_bytes(), 8192 + 0 + 12288 + 4096);
+  s.store(0, at::full({3000}, 1.5f));
+  s.store(2, at::arange(5000, at::kFloat));
+  s.store(3, at::full({10}, -2.0f));
+  EXPECT_TRUE(s.read_ahead(2));
+  EXPECT_TRUE(s.read_ahead(0));
+  EXPECT_FALSE(s.read_ahead(3)) << "two buffers read ahead already";
+  at::Tensor two = s.take(2);
+  EXPECT_TRUE(
+      at::equal(two.to(at::kFloat), at::arange(5000, at::kFloat).to(at::kBFloat16).to(at::kFloat)));
+  EXPECT_TRUE(at::equal(s.take(0), at::full({3000}, 1.5f).to(at::kBFloat16)));
+  const int64_t pooled = s.buffer_bytes();
+  two = at::Tensor();
+  // The step: pieces that cross shard borders, front to back.
+  at::Tensor values = at::arange(8010, at::kFloat) * 0.5;
+  s.put(0, values.narrow(0, 0, 2000));
+  s.put(2000, values.narrow(0, 2000, 3500));
+  s.put(5500, values.narrow(0, 5500, 2510));
+  s.finish();
+  EXPECT_TRUE(at::equal(s.take(0), values.narrow(0, 0, 3000).to(at::kBFloat16)));
+  EXPECT_TRUE(at::equal(s.take(2), values.narrow(0, 3000, 5000).to(at::kBFloat16)));
+  EXPECT_TRUE(at::equal(s.take(3), values.narrow(0, 8000, 10).to(at::kBFloat16)));
+  EXPECT_EQ(s.buffer_bytes(), pooled) << "buffers are reused, not reallocated";
+  const offload::ParamSwapStats st = s.take_stats();
+  EXPECT_EQ(st.reads_ahead, 2);
+  EXPECT_EQ(st.reads, 5);
+  // A step that wrote only part of the shards is a bug the swapper names.
+  s.put(0, values.narrow(0, 0, 10));
+  EXPECT_NE(error_of([&] { s.finish(); }).find("wrote 10 of 8010"), std::string::npos);
 }
 
 }  // namespace

@@ -290,7 +290,18 @@ TEST(EngineZero3, MemoryAccountingIsTheZeroFormula) {
 
 // GatheredParameters with a modifier rank: rank 0's change is what every rank trains on.
 TEST(EngineZero3, GatheredParametersWritesTheModifiersChangeBack) {
-  for (const std::string prec : {std::string(""), std::string(", \"bf16\": {\"enabled\": true}")}) {
+  testing::TempDir swap;
+  // The last: bf16 with every shard on disk (offload_param), where the change is written.
+  const std::string on_disk =
+      ", \"offload_param\": {\"device\": \"nvme\", \"max_in_cpu\": 0, "
+      "\"nvme_path\": \"" +
+      swap.path() + "\"}";
+  for (const auto& setting : std::vector<std::pair<std::string, std::string>>{
+           {"", ""},
+           {", \"bf16\": {\"enabled\": true}", ""},
+           {", \"bf16\": {\"enabled\": true}", on_disk}}) {
+    const std::string& prec = setting.first;
+    const std::string& param = setting.second;
     std::vector<at::Tensor> after(2);
     auto errors = run_thread_ranks(2, [&](Communicator& c) {
       StackNet net = make_stack_net(3);
@@ -298,7 +309,8 @@ TEST(EngineZero3, GatheredParametersWritesTheModifiersChangeBack) {
       opts.zero_units = kEverything;
       auto engine = initialize(
           net.ptr(),
-          config_json(4, 2, kAdamW + prec + zero3(", \"stage3_param_persistence_threshold\": 0")),
+          config_json(4, 2,
+                      kAdamW + prec + zero3(", \"stage3_param_persistence_threshold\": 0" + param)),
           opts);
       {
         zero::GatheredParameters g(*net->head, /*modifier_rank=*/0);
@@ -596,6 +608,53 @@ TEST(EngineZero3, InitNeedsStage3AndTheSamePolicy) {
 
 // zero::load_weights at stage 3: each rank reads only its shards' bytes, into its shards and
 // (bf16) its fp32 master weights; the whole model is then the file's.
+// offload_param nvme (NOTE [stage 3 parameter offload]): with the units' shards on disk, read
+// ahead of their all-gathers and written back by the step, training is the same bit for bit as
+// with them in memory, at worlds 1 and 2, in fp32 (the optimizer's fp32 weights on disk too) and
+// bf16 (master weights in memory, or on disk), with every shard on disk or only those past
+// max_in_cpu, one read-ahead buffer or five, and zero::checkpoint recomputing the blocks.
+TEST(EngineZero3, ParametersOnDiskTrainBitForBitAsInMemory) {
+  testing::TempDir dir;
+  const std::string nvme = "{\"device\": \"nvme\", \"nvme_path\": \"" + dir.path() + "\"";
+  const std::string opt_nvme = ", \"sub_group_size\": 100, \"offload_optimizer\": " + nvme +
+                               ", \"pipeline_read\": true, \"pipeline_write\": true}";
+  struct Precision {
+    std::string name, cfg, optimizer;
+  };
+  for (const Precision& prec :
+       {Precision{"fp32, optimizer on disk", "", opt_nvme},
+        Precision{"bf16", ", \"bf16\": {\"enabled\": true}", ""},
+        Precision{"bf16, optimizer on disk", ", \"bf16\": {\"enabled\": true}", opt_nvme}}) {
+    for (int world : {1, 2}) {
+      for (const auto& [param, checkpoint] : std::vector<std::pair<std::string, bool>>{
+               {", \"max_in_cpu\": 0}", false},
+               {", \"max_in_cpu\": 300, \"buffer_count\": 1}", true}}) {
+        const std::string what =
+            prec.name + " world " + std::to_string(world) + " offload_param" + param;
+        const std::string base =
+            kAdamW + prec.cfg +
+            zero3(", \"stage3_param_persistence_threshold\": 0" + prec.optimizer);
+        auto ref = run_stack(world, 10, config_json(8, 8 / world, base), kEverything, checkpoint);
+        auto got = run_stack(
+            world, 10,
+            config_json(8, 8 / world,
+                        kAdamW + prec.cfg +
+                            zero3(", \"stage3_param_persistence_threshold\": 0" + prec.optimizer +
+                                  ", \"offload_param\": " + nvme + param)),
+            kEverything, checkpoint);
+        for (int r = 0; r < world; ++r) {
+          EXPECT_EQ(got[r].losses, ref[r].losses) << what;
+          EXPECT_EQ(got[r].grad_norms, ref[r].grad_norms) << what;
+          EXPECT_TRUE(at::equal(got[r].params, ref[r].params)) << what;
+          EXPECT_LT(got[r].memory.params, ref[r].memory.params) << what;
+          EXPECT_GT(got[r].memory.offload_buffers, 0) << what;
+        }
+        EXPECT_TRUE(dir.entries().empty()) << what << ": the swap files are unlinked while open";
+      }
+    }
+  }
+}
+
 TEST(EngineZero3, LoadWeightsReadsOnlyThisRanksShards) {
   testing::TempDir dir;
   const std::string path = dir.file("w.safetensors");
@@ -610,14 +669,23 @@ TEST(EngineZero3, LoadWeightsReadsOnlyThisRanksShards) {
     }
     safetensors::save(path, tensors);
   }
-  for (const std::string prec : {std::string(""), std::string(", \"bf16\": {\"enabled\": true}")}) {
+  testing::TempDir swap;
+  // The last: bf16 with every shard on disk (offload_param), read and written back once per unit.
+  for (const std::string prec :
+       {std::string(""), std::string(", \"bf16\": {\"enabled\": true}"),
+        std::string(", \"bf16\": {\"enabled\": true}, \"zero_optimization\": {\"stage\": 3, "
+                    "\"stage3_param_persistence_threshold\": 0, \"offload_param\": "
+                    "{\"device\": \"nvme\", \"max_in_cpu\": 0, \"nvme_path\": \"") +
+            swap.path() + "\"}}"}) {
     std::vector<at::Tensor> got(2);
     auto errors = run_thread_ranks(2, [&](Communicator& c) {
       StackNet net = make_stack_net(1);
       InitOptions opts = borrowed(c);
       opts.zero_units = kEverything;
-      const std::string zero =
-          ", \"zero_optimization\": {\"stage\": 3, \"stage3_param_persistence_threshold\": 0}";
+      const std::string zero = prec.find("offload_param") != std::string::npos
+                                   ? ""
+                                   : ", \"zero_optimization\": {\"stage\": 3, "
+                                     "\"stage3_param_persistence_threshold\": 0}";
       auto engine = initialize(
           net.ptr(),
           config_json(
@@ -643,7 +711,7 @@ TEST(EngineZero3, LoadWeightsReadsOnlyThisRanksShards) {
     std::vector<at::Tensor> flat;
     for (auto& [name, t] : file.tensors) flat.push_back(t.reshape({-1}));
     at::Tensor want = at::cat(flat);
-    if (!prec.empty()) want = want.to(at::kBFloat16).to(at::kFloat);
+    if (prec.find("bf16") != std::string::npos) want = want.to(at::kBFloat16).to(at::kFloat);
     EXPECT_TRUE(at::equal(got[0], want)) << prec;
     EXPECT_TRUE(at::equal(got[1], want)) << prec;
   }

@@ -40,6 +40,8 @@ struct GPTConfig {
   // Parameters of the model, counted from the config (the tied wte is counted once):
   // V*C + T*C + L*(12*C*C + 13*C) + 2*C. GPT-2 small: 124,439,808.
   int64_t num_parameters() const;
+  // Parameters of one block, 12*C*C + 13*C: the unit ZeRO stage 3 gathers whole.
+  int64_t block_parameters() const;
   // "n_layer=2 n_head=4 n_embd=128 vocab_size=12 block_size=16"
   std::string to_string() const;
   // As safetensors metadata ({"n_layer": "2", ...}) and back; from_metadata throws ConfigError
