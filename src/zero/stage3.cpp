@@ -464,13 +464,12 @@ void Stage3::prefetch() {
   // Shards on disk are read ahead first, so the gathers below find theirs read (or reading), and
   // again after them, into the buffers the gathers took theirs from (NOTE [stage 3 parameter
   // offload]).
-  struct ReadAhead {
-    Stage3& s;
-    ~ReadAhead() {
-      if (s.param_swap_) s.read_ahead();
-    }
-  } read_ahead_after{*this};
   if (param_swap_) read_ahead();
+  gather_ahead();
+  if (param_swap_) read_ahead();
+}
+
+void Stage3::gather_ahead() {
   if (s3_.prefetch_bucket_size <= 0) return;
   const int64_t item = static_cast<int64_t>(c10::elementSize(options_.dtype().toScalarType()));
   int64_t in_flight = 0;

@@ -163,6 +163,8 @@ class Stage3 final : public Strategy {
   // and prefetches (NOTE [stage 3 prefetch order]).
   void request(int u, bool record);
   void prefetch();
+  // prefetch()'s all-gathers of the next requests' units.
+  void gather_ahead();
   // Whether u's next request in the record comes within stage3_max_reuse_distance elements.
   bool reused_soon(int u) const;
   // Releases u unless backward still needs it or it is reused soon.
