@@ -4,5 +4,5 @@
 # printing the held-out accuracy. Extra arguments go to `dscpp train`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh dscpp_cli  # the tests build in scripts/test.sh
 exec build/dscpp launch --num_procs 2 build/dscpp train --config examples/ds_config.json "$@"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what dscpp needs from Debian 12's archive (only the packages that are missing),
-# then configures and builds into ./build. Run as root, or as a user with sudo.
+# then configures and builds into ./build: the targets given as arguments (scripts/main.sh builds
+# only the dscpp command), else everything, tests included. Run as root, or as a user with sudo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +12,8 @@ packages=(
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev liburing-dev
   libgtest-dev libbenchmark-dev
   openmpi-bin iproute2 procps       # mpirun launcher; ip netns for the two-host test; ps/pgrep
+  protobuf-compiler libprotobuf-dev # TensorBoard event files (the tensorboard monitor)
+  gnuplot-nox                       # dscpp plot
   python3-torch python3-numpy       # tests/golden/gpt_reference.py, the PyTorch golden reference
 )
 missing=()
@@ -29,4 +32,4 @@ export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file
 if [ ! -f build/build.ninja ]; then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${DSCPP_CMAKE_ARGS:-}
 fi
-ninja -C build -j"$(nproc)"
+ninja -C build -j"$(nproc)" "$@"

@@ -30,6 +30,8 @@ const Subcommand kSubcommands[] = {
      "model-state memory and disk per rank at every ZeRO stage, and what fits"},
     {"io-bench", dscpp::tools::io_bench_main,
      "direct I/O bandwidth of a folder per aio setting (for nvme offload)"},
+    {"plot", dscpp::tools::plot_main,
+     "a run's loss, lr, grad norm and throughput as a PNG (gnuplot)"},
 };
 
 void usage(std::ostream& os) {

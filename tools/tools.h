@@ -11,4 +11,5 @@ int checkpoint_main(int argc, char** argv);
 int zero_to_fp32_main(int argc, char** argv);
 int io_bench_main(int argc, char** argv);
 int estimate_main(int argc, char** argv);
+int plot_main(int argc, char** argv);
 }  // namespace dscpp::tools

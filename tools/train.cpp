@@ -205,6 +205,9 @@ int train_main(int argc, char** argv) {
   InitOptions io;
   io.comm = comm;
   io.zero_units = models::GPTImpl::zero_units();  // stage 3's units (ignored below)
+  // One progress line per print interval (below); the engine's resolved config and step line are
+  // for debugging, or when the config asks for wall_clock_breakdown, which only that line shows.
+  io.detail_log_level = config.wall_clock_breakdown ? LogLevel::info : LogLevel::debug;
   Engine engine(model.ptr(), config, io);
   engine.set_tokens_per_sample(a.block_size);
   if (!a.init.empty() && stage3) zero::load_weights(*model, a.init);
@@ -286,7 +289,9 @@ int train_main(int argc, char** argv) {
   // Steady-state throughput excludes the first steps (allocator and thread warm-up).
   const int64_t warmup_steps = std::max<int64_t>(0, std::min<int64_t>(5, a.steps - first_step - 1));
   auto steady_start = start;
-  const int64_t progress_every = std::max<int64_t>(1, a.steps / 20);
+  // The progress line every steps_per_print steps (DeepSpeed's key for its own step line) and at
+  // the last step.
+  const int64_t progress_every = config.steps_per_print;
   for (int64_t s = first_step; s < a.steps; ++s) {
     comm->set_step(s);
     for (int64_t k = 0; k < engine.gradient_accumulation_steps(); ++k) {
@@ -300,9 +305,10 @@ int train_main(int argc, char** argv) {
     if (rank == 0 && metrics.is_open()) {
       metrics << fmt::format(
                      "{{\"step\": {}, \"loss\": {:.9g}, \"lr\": {:.9g}, \"grad_norm\": {:.9g}, "
-                     "\"samples_per_s\": {:.6g}, \"loss_scale\": {}, \"skipped\": {}}}",
-                     st.step, st.loss, st.lr, st.grad_norm, st.samples_per_s, st.loss_scale,
-                     st.skipped)
+                     "\"samples_per_s\": {:.6g}, \"tokens_per_s\": {:.6g}, \"loss_scale\": {}, "
+                     "\"skipped\": {}}}",
+                     st.step, st.loss, st.lr, st.grad_norm, st.samples_per_s,
+                     st.samples_per_s * a.block_size, st.loss_scale, st.skipped)
               << std::endl;  // flushed: a stopped run loses no line
     }
     if (!a.save_dir.empty()) {
@@ -331,8 +337,14 @@ int train_main(int argc, char** argv) {
       double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
       const int64_t done = s + 1 - first_step;  // steps this run
       double tok_s = done * engine.train_batch_size() * a.block_size / elapsed;
-      std::cout << fmt::format("step {:>5}/{} | loss {:.4f} | {:.0f} tokens/s | ETA {}", s + 1,
-                               a.steps, st.loss, tok_s, fmt_eta(elapsed / done * (a.steps - s - 1)))
+      struct rusage ru {};
+      getrusage(RUSAGE_SELF, &ru);
+      std::cout << fmt::format(
+                       "step {:>{}}/{} | loss {:.4f} | lr {:.3e} | {:.0f} tokens/s | ETA {} | "
+                       "peak RSS {:.0f} MiB{}",
+                       s + 1, std::to_string(a.steps).size(), a.steps, st.loss, st.lr, tok_s,
+                       fmt_eta(elapsed / done * (a.steps - s - 1)), ru.ru_maxrss / 1024.0,
+                       st.skipped ? " | fp16 overflow: step skipped" : "")
                 << std::endl;
     }
   }

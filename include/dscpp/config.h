@@ -431,6 +431,12 @@ struct WandbConfig {
   std::string project = "deepspeed";  // default "deepspeed"
 };
 
+// comet (deepspeed/monitor/config.py): refused when enabled (it needs Comet's service); its other
+// keys are checked for spelling only.
+struct CometConfig {
+  bool enabled = false;  // default false
+};
+
 // The batch triangle after resolve_batch() (NOTE [batch triangle] in src/config/batch.cpp).
 struct BatchSizes {
   // Samples per optimizer step over all data-parallel ranks.
@@ -492,6 +498,7 @@ struct Config {
   MonitorConfig csv_monitor;
   MonitorConfig tensorboard;
   WandbConfig wandb;
+  CometConfig comet;
 
   // Where the config came from: the file path, or "<json text>" / "<json object>".
   std::string source;

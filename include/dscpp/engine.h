@@ -29,6 +29,7 @@
 
 #include "dscpp/comm.h"
 #include "dscpp/config.h"
+#include "dscpp/log.h"
 #include "dscpp/zero.h"
 
 namespace dscpp {
@@ -62,6 +63,11 @@ struct InitOptions {
   // io_uring (or its thread-pool fallback) with the config's aio settings. Not owned; must
   // outlive the engine.
   io::AsyncIo* async_io = nullptr;
+  // The level of rank 0's detailed lines: the resolved config at set-up and the line logged every
+  // steps_per_print steps (step, loss, lr, grad_norm, throughput, memory; with
+  // wall_clock_breakdown where the time went). `dscpp train` passes debug (unless the config asks
+  // for wall_clock_breakdown) and prints its own progress line.
+  LogLevel detail_log_level = LogLevel::info;
 };
 
 // DeepSpeed's load_checkpoint options (docs/checkpoint.md).

@@ -653,6 +653,15 @@ void parse_monitor(JsonReader& root, const char* section, MonitorConfig* m) {
   r.finish();
 }
 
+void parse_comet(JsonReader& root, CometConfig* c) {
+  JsonReader r = root.child("comet");
+  r.get("enabled", &c->enabled);
+  for (const char* key : {"samples_log_interval", "project", "workspace", "api_key",
+                          "experiment_name", "experiment_key", "online", "mode"})
+    r.raw(key);
+  r.finish();
+}
+
 void parse_wandb(JsonReader& root, WandbConfig* w) {
   JsonReader r = root.child("wandb");
   r.get("enabled", &w->enabled);
@@ -695,7 +704,6 @@ const char* const kUnimplementedTopLevel[] = {"pipeline",
                                               "seq_parallel_comm_data_type",
                                               "use_data_before_expert_parallelism",
                                               "sequence_parallel_size",
-                                              "comet",
                                               "trackio"};
 
 void parse_root(const json& j, Config* c) {
@@ -738,6 +746,7 @@ void parse_root(const json& j, Config* c) {
   parse_monitor(r, "csv_monitor", &c->csv_monitor);
   parse_monitor(r, "tensorboard", &c->tensorboard);
   parse_wandb(r, &c->wandb);
+  parse_comet(r, &c->comet);
   for (const char* key : kUnimplementedTopLevel) r.unimplemented(key);
   r.finish();
 
@@ -1155,6 +1164,7 @@ std::string Config::describe() const {
     d.str("wandb.team", wandb.team);
     d.str("wandb.project", wandb.project);
   }
+  d.line("comet.enabled", comet.enabled);
   if (!warnings.empty()) {
     d.raw("warnings and notes:");
     for (const std::string& w : warnings) d.raw("  - " + w);

@@ -3,6 +3,7 @@
 #include "engine/check_supported.h"
 
 #include "dscpp/error.h"
+#include "monitor/monitor.h"
 
 namespace dscpp::engine {
 
@@ -135,17 +136,20 @@ std::vector<std::string> check_supported(const Config& c, const SupportContext& 
               "checkpoint.parallel_write.pipeline_stage is not implemented: dscpp has no pipeline "
               "parallelism (every rank already writes its own slice in parallel). HINT: remove it");
 
-  // ----- observers: accepted, said once
-  auto observer = [&](bool enabled, const std::string& what) {
-    if (enabled)
-      warnings.push_back(what +
-                         " is not implemented yet and is ignored: training runs "
-                         "as configured, without it");
-  };
-  observer(c.csv_monitor.enabled, "csv_monitor.enabled");
-  observer(c.tensorboard.enabled, "tensorboard.enabled");
-  observer(c.wandb.enabled, "wandb.enabled");
-  observer(c.flops_profiler.enabled, "flops_profiler.enabled");
+  // ----- monitors: tensorboard and csv_monitor are written (src/monitor); the services are not
+  DSCPP_CHECK(!c.wandb.enabled, ConfigError,
+              "wandb.enabled is not supported: Weights & Biases logs through its Python client "
+              "and service, which a C++ program does not have. HINT: enable tensorboard or "
+              "csv_monitor (same tags as DeepSpeed's), and upload the event files with `wandb "
+              "sync DIR`, which reads TensorBoard logs");
+  DSCPP_CHECK(!c.comet.enabled, ConfigError,
+              "comet.enabled is not supported: Comet logs through its Python client and "
+              "service, which a C++ program does not have. HINT: enable tensorboard or "
+              "csv_monitor (same tags as DeepSpeed's) and import those files into Comet");
+  DSCPP_CHECK(!c.tensorboard.enabled || monitor::have_tensorboard(), ConfigError,
+              "tensorboard.enabled: this dscpp was built without protobuf, which writes "
+              "TensorBoard's event files. HINT: install protobuf-compiler and libprotobuf-dev, "
+              "configure and build again, or use csv_monitor");
   return warnings;
 }
 

@@ -21,10 +21,12 @@
 #include "dscpp/optim.h"
 #include "dscpp/safetensors.h"
 #include "io/async_io.h"
+#include "monitor/monitor.h"
 #include "offload/optimizer_swapper.h"
 #include "offload/param_swapper.h"
 #include "precision/loss_scaler.h"
 #include "precision/master_weights.h"
+#include "profiling/flops_profiler.h"
 #include "zero/strategy.h"
 
 namespace dscpp::engine {
@@ -88,6 +90,9 @@ class EngineImpl {
   // and makes the engine's AsyncIo if it has none.
   void prepare_swap_dir(const std::string& key, const std::string& dir);
   void build_optimizer();
+  // tensorboard / csv_monitor: rank 0's writers, their folders made (every rank learns whether
+  // that failed).
+  void open_monitors();
   void dump_state() const;
 
   // ----- the step (step.cpp)
@@ -126,6 +131,15 @@ class EngineImpl {
   // Writes this rank's window statistics where the gradient all-reduce sums them.
   void write_side_channel();
   void log_step() const;
+  // Logs a detailed line at detail_log_level_.
+  void log_detail(const std::string& text) const;
+  // After every optimizer step, applied or skipped: last_step_ (and, with wall_clock_breakdown,
+  // the window's timers) to the monitors (NOTE [monitor events]).
+  void write_monitors();
+  // flops_profiler, rank 0: starts profiling the window that begins when global_steps_ reaches
+  // profile_step (DeepSpeed's moment), and at that window's end prints (or writes) the report.
+  void start_profiler_if_due();
+  void finish_profiler();
 
   // ----- checkpoints (checkpoint.cpp)
   // Throws CheckpointError unless the engine is between optimizer steps and its state is
@@ -192,6 +206,10 @@ class EngineImpl {
   // wall_clock_breakdown: seconds in the current window.
   double t_backward_ = 0, t_reduce_wait_ = 0, t_optimizer_ = 0;
   zero::Strategy::FetchStats fetch_;  // stage 3: this window's parameter gathers
+  // The level of the resolved-config dump and the step line (InitOptions::detail_log_level).
+  LogLevel detail_log_level_ = LogLevel::info;
+  std::vector<std::unique_ptr<monitor::Writer>> monitors_;  // rank 0 only
+  std::unique_ptr<profiling::FlopsProfiler> profiler_;      // rank 0, the profiled window only
 };
 
 }  // namespace dscpp::engine

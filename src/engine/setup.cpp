@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "dscpp/error.h"
 #include "engine/check_supported.h"
@@ -27,7 +28,8 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> model, Config config, 
       client_lr_scheduler_(std::move(options.lr_scheduler)),
       zero_units_(std::move(options.zero_units)),
       file_system_(options.file_system),
-      async_io_(options.async_io) {
+      async_io_(options.async_io),
+      detail_log_level_(options.detail_log_level) {
   DSCPP_CHECK(model_, ConfigError, "initialize() was given a null model");
   SupportContext support{client_optimizer_ != nullptr, client_lr_scheduler_ != nullptr};
   std::vector<std::string> ignored = check_supported(config_, support);
@@ -41,11 +43,21 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> model, Config config, 
   build_strategy();
   cast_the_rest();
   build_optimizer();
+  open_monitors();
   if (config_.dump_state) dump_state();
+  start_profiler_if_due();
   window_start_ = std::chrono::steady_clock::now();
 }
 
 EngineImpl::~EngineImpl() = default;
+
+void EngineImpl::log_detail(const std::string& text) const {
+  if (detail_log_level_ == LogLevel::debug) {
+    DSCPP_LOG_DEBUG("{}", text);
+  } else {
+    DSCPP_LOG_INFO("{}", text);
+  }
+}
 
 void EngineImpl::resolve_batch() {
   ProcessEnv pe = detect_process_env();
@@ -53,8 +65,27 @@ void EngineImpl::resolve_batch() {
                                                  ? pe.source
                                                  : "the communicator passed to initialize()");
   if (comm_->rank() == 0) {
-    DSCPP_LOG_INFO("resolved config (values in force):\n{}", config_.describe());
+    log_detail("resolved config (values in force):\n" + config_.describe());
   }
+}
+
+void EngineImpl::open_monitors() {
+  const auto& report = config_.flops_profiler.output_file;
+  const bool report_file = config_.flops_profiler.enabled && report.has_value();
+  if (!config_.tensorboard.enabled && !config_.csv_monitor.enabled && !report_file) return;
+  on_every_rank(
+      "opening the monitors (tensorboard, csv_monitor) or flops_profiler.output_file",
+      [&] {
+        monitors_ = monitor::from_config(config_, comm_->rank(), file_system_);
+        if (report_file && comm_->rank() == 0) {
+          // Created now, so a folder that cannot hold it stops every rank before training.
+          std::ofstream f(*report, std::ios::trunc);
+          DSCPP_CHECK(f.good(), IoError, "flops_profiler.output_file: cannot write '", *report,
+                      "'. HINT: create its folder, or leave output_file out to print the report");
+        }
+      },
+      /*checkpoint_error=*/false);
+  for (const auto& m : monitors_) DSCPP_LOG_INFO("monitor: {}", m->describe());
 }
 
 void EngineImpl::choose_precision() {

@@ -2,10 +2,12 @@
 // boundary (apply_step() reads top to bottom), flush_accumulation() at an epoch's ragged end.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <fstream>
+#include <iostream>
 
 #include "dscpp/error.h"
 #include "engine/engine_impl.h"
@@ -29,6 +31,13 @@ double rss_gib() {
   long pages = 0, resident = 0;
   f >> pages >> resident;
   return resident * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1 << 30);
+}
+
+// Peak resident set size of this process in GiB.
+double peak_rss_gib() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss / double(1 << 20);  // KiB
 }
 
 // Sum of squares in double, in chunks (no full-size double copy of a large shard), read once.
@@ -94,6 +103,7 @@ void EngineImpl::backward(const at::Tensor& loss) {
   check_usable();
   strategy_->before_backward(loss);
   auto t0 = Clock::now();
+  if (profiler_) profiler_->set_phase(profiling::Phase::backward);
   double value = loss.item<double>();
   window_loss_sum_ += std::isfinite(value) ? value : 0.0;
   window_nonfinite_ += std::isfinite(value) ? 0 : 1;
@@ -160,6 +170,7 @@ void EngineImpl::backward(const at::Tensor& loss) {
                 "with requires_grad(false) before initialize()");
   }
   t_backward_ += seconds_since(t0);
+  if (profiler_) profiler_->set_phase(profiling::Phase::forward);  // the next micro-step's
 }
 
 void EngineImpl::step() {
@@ -180,6 +191,10 @@ void EngineImpl::step() {
       apply_step();
     } catch (...) {
       ++micro_steps_;  // the window is over either way (apply_step dropped its gradients)
+      if (profiler_) {
+        DSCPP_LOG_WARN("flops_profiler: the profiled step failed; no report");
+        profiler_.reset();
+      }
       throw;
     }
   }
@@ -280,6 +295,7 @@ void EngineImpl::reduce_stats(Reduced& r, double part_sq_norm) {
 
 void EngineImpl::apply_step() {
   auto t_opt = Clock::now();
+  if (profiler_) profiler_->set_phase(profiling::Phase::optimizer);
   const int world = comm_->world_size();
 
   // 1. Gradients averaged over ranks (stages 1-2: this rank's shard of them), the loss over the
@@ -345,7 +361,10 @@ void EngineImpl::apply_step() {
   fetch_ = strategy_->take_fetch_stats();
   if (swapper_) swap_ = swapper_->take_stats();
   if (config_.steps_per_print > 0 && global_steps_ % config_.steps_per_print == 0) log_step();
+  write_monitors();
+  finish_profiler();
   abandon_window();  // zeroes the gradients, resets the window's counters and timers
+  start_profiler_if_due();
 }
 
 void EngineImpl::run_optimizer(const Reduced& red, double unscale, double coef, double lr) {
@@ -474,6 +493,9 @@ void EngineImpl::skip_step(double loss, double lr) {
   scaler_->update(/*overflow=*/true);  // throws at the minimum scale
   double window_s = seconds_since(window_start_);
   last_step_ = StepStats{global_steps_, loss, lr, std::nan(""), 0, window_s, used, true};
+  write_monitors();
+  finish_profiler();
+  start_profiler_if_due();
   if (comm_->rank() == 0) {
     DSCPP_LOG_INFO(
         "step {}: fp16 gradient overflow with loss scale {}; update skipped ({} so "
@@ -544,7 +566,76 @@ void EngineImpl::log_step() const {
           fetch_.disk_bytes_written / double(1 << 20), fetch_.disk_wait_seconds * 1e3);
     }
   }
-  DSCPP_LOG_INFO("{}", line);
+  log_detail(line);
+}
+
+void EngineImpl::start_profiler_if_due() {
+  const auto& fp = config_.flops_profiler;
+  if (!fp.enabled || comm_->rank() != 0 || profiler_ || global_steps_ != fp.profile_step) return;
+  profiler_ = std::make_unique<profiling::FlopsProfiler>(*model_, fp);
+}
+
+void EngineImpl::finish_profiler() {
+  if (!profiler_) return;
+  profiling::WindowInfo info;
+  info.step = global_steps_;
+  info.micro_steps = static_cast<int>(window_micro_steps_);
+  info.world = comm_->world_size();
+  info.tokens =
+      tokens_per_sample_ * config_.batch.train_micro_batch_size_per_gpu * window_micro_steps_;
+  info.seconds = last_step_.seconds;
+  info.backward_s = t_backward_;
+  info.reduce_wait_s = t_reduce_wait_;
+  info.optimizer_s = t_optimizer_;
+  info.dtype = dtype_;
+  std::string report = profiler_->finish(info);
+  if (last_step_.skipped) report += "(the profiled step was skipped: fp16 gradient overflow)\n";
+  profiler_.reset();
+  const auto& file = config_.flops_profiler.output_file;
+  if (!file) {
+    std::cout << report << std::flush;
+    return;
+  }
+  std::ofstream out(*file, std::ios::trunc);
+  out << report;
+  out.close();
+  DSCPP_CHECK(out.good(), IoError, "flops_profiler.output_file: cannot write '", *file, "'");
+  DSCPP_LOG_INFO("flops_profiler: report of step {} written to {}", global_steps_, *file);
+}
+
+void EngineImpl::write_monitors() {
+  // NOTE [monitor events]: DeepSpeed's tags and x axis (global_samples), one event per scalar
+  // after every optimizer step on rank 0: train_loss (here the mean over the whole global batch;
+  // DeepSpeed logs rank 0's own loss), lr, and loss_scale under fp16; then what DeepSpeed's
+  // users read from the log line instead: grad_norm (not on a skipped step, where it is not
+  // finite), samples_per_sec, tokens_per_sec (when set_tokens_per_sample was called) and rank
+  // 0's resident and peak memory; with wall_clock_breakdown DeepSpeed's elapsed_time_ms_* of the
+  // window (forward includes the data loading between micro-steps, as the log line's does).
+  if (monitors_.empty()) return;
+  const StepStats& s = last_step_;
+  const int64_t x = global_samples_;
+  std::vector<monitor::Event> events;
+  auto add = [&](const char* name, double value) {
+    events.push_back({std::string("Train/Samples/") + name, value, x});
+  };
+  add("train_loss", s.loss);
+  add("lr", s.lr);
+  if (scaler_) add("loss_scale", s.loss_scale);
+  if (!s.skipped) {
+    add("grad_norm", s.grad_norm);
+    add("samples_per_sec", s.samples_per_s);
+    if (tokens_per_sample_ > 0) add("tokens_per_sec", s.samples_per_s * tokens_per_sample_);
+  }
+  add("rss_gib", rss_gib());
+  add("peak_rss_gib", peak_rss_gib());
+  if (config_.wall_clock_breakdown && !s.skipped) {
+    add("elapsed_time_ms_forward", (s.seconds - t_backward_ - t_optimizer_) * 1e3);
+    add("elapsed_time_ms_backward", t_backward_ * 1e3);
+    add("elapsed_time_ms_backward_inner", (t_backward_ - t_reduce_wait_) * 1e3);
+    add("elapsed_time_ms_backward_allreduce", t_reduce_wait_ * 1e3);
+    add("elapsed_time_ms_step", t_optimizer_ * 1e3);
+  }
+  for (auto& m : monitors_) m->write(events);
 }
 
 }  // namespace dscpp::engine

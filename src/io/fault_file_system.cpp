@@ -63,6 +63,10 @@ std::unique_ptr<WritableFile> FaultFileSystem::open_for_write(const std::string&
   return std::make_unique<FaultWritableFile>(*this, inner_.open_for_write(path));
 }
 
+std::unique_ptr<WritableFile> FaultFileSystem::open_for_append(const std::string& path) {
+  return std::make_unique<FaultWritableFile>(*this, inner_.open_for_append(path));
+}
+
 void FaultFileSystem::rename_file(const std::string& from, const std::string& to) {
   int64_t nth = ++renames_;
   if (fault_.kind == FileFault::Kind::fail_rename && nth == fault_.nth) {

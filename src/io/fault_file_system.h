@@ -37,6 +37,7 @@ class FaultFileSystem final : public FileSystem {
     return inner_.open_for_read(path);
   }
   std::unique_ptr<WritableFile> open_for_write(const std::string& path) override;
+  std::unique_ptr<WritableFile> open_for_append(const std::string& path) override;
   void rename_file(const std::string& from, const std::string& to) override;
   void remove_file(const std::string& path) override { inner_.remove_file(path); }
   void sync_dir(const std::string& dir) override { inner_.sync_dir(dir); }

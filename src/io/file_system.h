@@ -53,6 +53,9 @@ class FileSystem {
   virtual std::unique_ptr<RandomAccessFile> open_for_read(const std::string& path) = 0;
   // Creates (or truncates) a file for writing. Throws IoError.
   virtual std::unique_ptr<WritableFile> open_for_write(const std::string& path) = 0;
+  // Opens a file for appending, creating it when missing; size() of a fresh
+  // open_for_read tells how much was there. Throws IoError.
+  virtual std::unique_ptr<WritableFile> open_for_append(const std::string& path) = 0;
   // Atomically replaces `to` with `from` (rename(2)). Throws IoError.
   virtual void rename_file(const std::string& from, const std::string& to) = 0;
   // Removes a file; a file that does not exist is not an error. Throws IoError otherwise.

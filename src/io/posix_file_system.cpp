@@ -148,6 +148,12 @@ class PosixFileSystem final : public FileSystem {
     return std::make_unique<PosixWritableFile>(path, fd);
   }
 
+  std::unique_ptr<WritableFile> open_for_append(const std::string& path) override {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    DSCPP_CHECK(fd >= 0, IoError, "cannot open '", path, "' for appending: ", errno_text(errno));
+    return std::make_unique<PosixWritableFile>(path, fd);
+  }
+
   void rename_file(const std::string& from, const std::string& to) override {
     DSCPP_CHECK(::rename(from.c_str(), to.c_str()) == 0, IoError, "renaming '", from, "' to '", to,
                 "' failed: ", errno_text(errno));

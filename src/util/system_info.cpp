@@ -76,14 +76,15 @@ std::string uring_status(std::string& hint) {
 
 }  // namespace
 
-double measure_matmul_gflops(int n, int repeats) {
-  auto a = at::randn({n, n}), b = at::randn({n, n});
+double measure_matmul_gflops(int n, int repeats, at::ScalarType dtype) {
+  auto a = at::randn({n, n}).to(dtype), b = at::randn({n, n}).to(dtype);
   auto c = at::matmul(a, b);  // warm-up: loads the BLAS and its threads
   double best = 1e30;
   for (int i = 0; i < repeats; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     at::matmul_out(c, a, b);
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return 2.0 * n * n * n / best / 1e9;
 }
@@ -111,29 +112,36 @@ std::vector<SystemItem> collect_system_info(bool measure_blas) {
   items.push_back({"dscpp version", DSCPP_VERSION_STRING, ""});
   items.push_back({"libtorch version", TORCH_VERSION, ""});
   items.push_back({"host", host, ""});
-  items.push_back({"collective backends",
+  items.push_back({
+    "collective backends",
 #if defined(DSCPP_HAVE_NCCL)
-                   "gloo (CPU), nccl (CUDA)",
+        "gloo (CPU), nccl (CUDA)",
 #else
-                   "gloo (CPU); nccl: no (libtorch built without NCCL)",
+        "gloo (CPU); nccl: no (libtorch built without NCCL)",
 #endif
-                   ""});
+        ""
+  });
   items.push_back({"mpi", "used only as a launcher (dscpp launch --launcher openmpi)", ""});
   size_t gpus = torch::cuda::device_count();
-  items.push_back({"CUDA devices", gpus ? std::to_string(gpus) : "0 (no CUDA in this libtorch, or no driver)", ""});
+  items.push_back({"CUDA devices",
+                   gpus ? std::to_string(gpus) : "0 (no CUDA in this libtorch, or no driver)", ""});
   items.push_back({"cpu cores online", std::to_string(sysconf(_SC_NPROCESSORS_ONLN)), ""});
   items.push_back({"SIMD (libtorch kernels)", cpu_capability(), ""});
   items.push_back({"SIMD (cpu flags)", cpu_flags(), ""});
   const char* omp = std::getenv("OMP_NUM_THREADS");
-  items.push_back({"intra-op threads", fmt::format("{} (OMP_NUM_THREADS={})", at::get_num_threads(), omp ? omp : "unset"), ""});
+  items.push_back(
+      {"intra-op threads",
+       fmt::format("{} (OMP_NUM_THREADS={})", at::get_num_threads(), omp ? omp : "unset"), ""});
   items.push_back({"OpenMP", at::get_openmp_version(), ""});
   if (measure_blas) {
     double gflops = measure_matmul_gflops();
     std::string lib = loaded_blas_library();
     std::string hint;
-    bool reference = lib.find("openblas") == std::string::npos && lib.find("mkl") == std::string::npos;
+    bool reference =
+        lib.find("openblas") == std::string::npos && lib.find("mkl") == std::string::npos;
     if (reference)
-      hint = "reference BLAS is about 16x slower than OpenBLAS; apt-get install libopenblas0-openmp";
+      hint =
+          "reference BLAS is about 16x slower than OpenBLAS; apt-get install libopenblas0-openmp";
     items.push_back({"BLAS library", lib.empty() ? "not found in this process" : lib, hint});
     items.push_back({"matmul 1024x1024 fp32", fmt::format("{:.1f} GFLOP/s", gflops), ""});
   }

@@ -4,6 +4,8 @@
 // problem, a hint.
 #pragma once
 
+#include <c10/core/ScalarType.h>
+
 #include <string>
 #include <vector>
 
@@ -18,8 +20,9 @@ struct SystemItem {
 // Measures the BLAS (a 1024x1024 fp32 matmul, best of a few) when `measure_blas` is true.
 std::vector<SystemItem> collect_system_info(bool measure_blas = true);
 
-// GFLOP/s of an n x n fp32 matmul on this process's threads, best of `repeats`.
-double measure_matmul_gflops(int n = 1024, int repeats = 5);
+// GFLOP/s of an n x n matmul in `dtype` (fp32 by default) on this process's threads, best of
+// `repeats`.
+double measure_matmul_gflops(int n = 1024, int repeats = 5, at::ScalarType dtype = at::kFloat);
 
 // The BLAS library mapped into this process (resolved path), or "" when none is found.
 std::string loaded_blas_library();

@@ -10,6 +10,7 @@
 
 #include "dscpp/error.h"
 #include "dscpp/safetensors.h"
+#include "profiling/flops_profiler.h"
 #include "zero/stage3.h"
 #include "zero/unit_functions.h"
 
@@ -263,8 +264,9 @@ std::vector<at::Tensor> checkpoint_apply(torch::nn::Module& unit, const UnitFn& 
   return CheckpointFn::apply(at::TensorList(in), std::make_shared<UnitFn>(fn), &unit, owner, index);
 }
 
-std::vector<at::Tensor> run_unit(torch::nn::Module& unit, const UnitFn& fn,
-                                 const std::vector<at::Tensor>& inputs, bool recompute) {
+namespace {
+std::vector<at::Tensor> run_unit_in_scope(torch::nn::Module& unit, const UnitFn& fn,
+                                          const std::vector<at::Tensor>& inputs, bool recompute) {
   UnitEntry e;
   if (registry::find(&unit, &e)) {
     Stage3* s = registry::owner(e.owner);
@@ -282,6 +284,16 @@ std::vector<at::Tensor> run_unit(torch::nn::Module& unit, const UnitFn& fn,
   if (!recompute || !at::GradMode::is_enabled()) return fn(inputs);
   // Below stage 3: activation checkpointing alone.
   return checkpoint_apply(unit, fn, inputs, 0, -1);
+}
+}  // namespace
+
+std::vector<at::Tensor> run_unit(torch::nn::Module& unit, const UnitFn& fn,
+                                 const std::vector<at::Tensor>& inputs, bool recompute) {
+  // A unit is a module scope of the flops profiler (NOTE [flops profiler]), named by its path.
+  const std::string scope = profiling::unit_scope_name(unit);
+  if (scope.empty()) return run_unit_in_scope(unit, fn, inputs, recompute);
+  RECORD_USER_SCOPE(scope);
+  return run_unit_in_scope(unit, fn, inputs, recompute);
 }
 
 }  // namespace detail

@@ -71,6 +71,9 @@ class CountingFileSystem final : public io::FileSystem {
   std::unique_ptr<io::WritableFile> open_for_write(const std::string& path) override {
     return base().open_for_write(path);
   }
+  std::unique_ptr<io::WritableFile> open_for_append(const std::string& path) override {
+    return base().open_for_append(path);
+  }
   void rename_file(const std::string& a, const std::string& b) override {
     base().rename_file(a, b);
   }
