@@ -17,7 +17,7 @@ run() {  # name, dtype json, micro-batch, GPT args...
   cat >"$WORK/$name.json" <<JSON
 {"train_batch_size": $((mb * 2)), "train_micro_batch_size_per_gpu": $mb, "steps_per_print": 1000,
  "gradient_clipping": 1.0, $dtype "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}},
- "flops_profiler": {"enabled": true, "profile_step": ${PROFILE_STEP:-5}, "module_depth": 2,
+ "flops_profiler": {"enabled": true, "profile_step": ${PROFILE_STEP:-5}, "module_depth": 3,
                     "detailed": true, "output_file": "$WORK/$name.txt"}}
 JSON
   "$DSCPP" launch --num_procs 2 "$DSCPP" train --config "$WORK/$name.json" --data "$DATA" \

@@ -111,7 +111,14 @@ Series read_run(const std::string& input) {
   return read_jsonl(input);
 }
 
+// A gnuplot string literal; a control character (a newline would end the string and start a
+// gnuplot command) is refused.
 std::string quoted(const std::string& s) {
+  for (unsigned char c : s)
+    DSCPP_CHECK(c >= 0x20 && c != 0x7f, ConfigError,
+                "dscpp plot: a title or path with a control "
+                "character cannot be passed to gnuplot: ",
+                nlohmann::json(s).dump());
   std::string q = "'";
   for (char c : s) q += c == '\'' ? std::string("''") : std::string(1, c);
   return q + "'";

@@ -552,6 +552,9 @@ LoadResult EngineImpl::load_checkpoint(const std::string& dir, const std::string
             ? "; random generators start afresh (other world size)"
             : "");
   }
+  // The step counter moved: profile the window flops_profiler.profile_step names from here.
+  profiler_.reset();
+  start_profiler_if_due();
   return LoadResult{folder, m.client_state};
 }
 

@@ -140,6 +140,8 @@ class EngineImpl {
   // profile_step (DeepSpeed's moment), and at that window's end prints (or writes) the report.
   void start_profiler_if_due();
   void finish_profiler();
+  // A profiled window that failed: no report.
+  void drop_profiler();
 
   // ----- checkpoints (checkpoint.cpp)
   // Throws CheckpointError unless the engine is between optimizer steps and its state is

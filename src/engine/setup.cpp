@@ -78,8 +78,9 @@ void EngineImpl::open_monitors() {
       [&] {
         monitors_ = monitor::from_config(config_, comm_->rank(), file_system_);
         if (report_file && comm_->rank() == 0) {
-          // Created now, so a folder that cannot hold it stops every rank before training.
-          std::ofstream f(*report, std::ios::trunc);
+          // Opened now (not emptied: a resumed run past profile_step keeps the earlier report),
+          // so a folder that cannot hold it stops every rank before training.
+          std::ofstream f(*report, std::ios::app);
           DSCPP_CHECK(f.good(), IoError, "flops_profiler.output_file: cannot write '", *report,
                       "'. HINT: create its folder, or leave output_file out to print the report");
         }

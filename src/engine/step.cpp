@@ -191,10 +191,7 @@ void EngineImpl::step() {
       apply_step();
     } catch (...) {
       ++micro_steps_;  // the window is over either way (apply_step dropped its gradients)
-      if (profiler_) {
-        DSCPP_LOG_WARN("flops_profiler: the profiled step failed; no report");
-        profiler_.reset();
-      }
+      drop_profiler();
       throw;
     }
   }
@@ -212,6 +209,7 @@ void EngineImpl::flush_accumulation() {
     apply_step();
   } catch (...) {
     if (micro_steps_ % gas != 0) micro_steps_ += gas - micro_steps_ % gas;
+    drop_profiler();
     throw;
   }
   if (micro_steps_ % gas != 0) micro_steps_ += gas - micro_steps_ % gas;  // a new window
@@ -303,6 +301,7 @@ void EngineImpl::apply_step() {
   Reduced red = reduce_window();
   if (red.micro_batches == 0) {  // a flush with nothing accumulated anywhere
     abandon_window();
+    if (profiler_) profiler_->set_phase(profiling::Phase::forward);
     return;
   }
   if (!red.failed_ranks.empty()) abandon_window();
@@ -486,15 +485,15 @@ void EngineImpl::check_usable() const {
 void EngineImpl::skip_step(double loss, double lr) {
   // DeepSpeed's fp16 overflow: no update, no schedule tick, the step still counts.
   const double used = loss_scale();
-  abandon_window();
+  const double window_s = seconds_since(window_start_);
   ++skipped_steps_;
   ++global_steps_;
   global_samples_ += train_batch_size();
-  scaler_->update(/*overflow=*/true);  // throws at the minimum scale
-  double window_s = seconds_since(window_start_);
   last_step_ = StepStats{global_steps_, loss, lr, std::nan(""), 0, window_s, used, true};
+  finish_profiler();  // before the window's counters and timers reset
+  abandon_window();
+  scaler_->update(/*overflow=*/true);  // throws at the minimum scale
   write_monitors();
-  finish_profiler();
   start_profiler_if_due();
   if (comm_->rank() == 0) {
     DSCPP_LOG_INFO(
@@ -572,7 +571,20 @@ void EngineImpl::log_step() const {
 void EngineImpl::start_profiler_if_due() {
   const auto& fp = config_.flops_profiler;
   if (!fp.enabled || comm_->rank() != 0 || profiler_ || global_steps_ != fp.profile_step) return;
-  profiler_ = std::make_unique<profiling::FlopsProfiler>(*model_, fp);
+  // NOTE [rank-0 observers]: the monitors and the profiler run on rank 0 alone, after the step's
+  // collectives; an exception there would leave the other ranks waiting at the next collective,
+  // so a failure is logged as an error and that observer stops, while training goes on.
+  try {
+    profiler_ = std::make_unique<profiling::FlopsProfiler>(*model_, fp);
+  } catch (const std::exception& e) {
+    DSCPP_LOG_ERROR("flops_profiler: not profiling step {}: {}", global_steps_ + 1, e.what());
+  }
+}
+
+void EngineImpl::drop_profiler() {
+  if (!profiler_) return;
+  DSCPP_LOG_WARN("flops_profiler: the profiled step failed; no report");
+  profiler_.reset();
 }
 
 void EngineImpl::finish_profiler() {
@@ -588,19 +600,25 @@ void EngineImpl::finish_profiler() {
   info.reduce_wait_s = t_reduce_wait_;
   info.optimizer_s = t_optimizer_;
   info.dtype = dtype_;
-  std::string report = profiler_->finish(info);
-  if (last_step_.skipped) report += "(the profiled step was skipped: fp16 gradient overflow)\n";
-  profiler_.reset();
+  info.device = device_;
   const auto& file = config_.flops_profiler.output_file;
-  if (!file) {
-    std::cout << report << std::flush;
-    return;
+  try {  // NOTE [rank-0 observers]
+    std::string report = profiler_->finish(info);
+    if (last_step_.skipped) report += "(the profiled step was skipped: fp16 gradient overflow)\n";
+    profiler_.reset();
+    if (!file) {
+      std::cout << report << std::flush;
+      return;
+    }
+    std::ofstream out(*file, std::ios::trunc);
+    out << report;
+    out.close();
+    DSCPP_CHECK(out.good(), IoError, "flops_profiler.output_file: cannot write '", *file, "'");
+    DSCPP_LOG_INFO("flops_profiler: report of step {} written to {}", global_steps_, *file);
+  } catch (const std::exception& e) {
+    profiler_.reset();
+    DSCPP_LOG_ERROR("flops_profiler: no report of step {}: {}", global_steps_, e.what());
   }
-  std::ofstream out(*file, std::ios::trunc);
-  out << report;
-  out.close();
-  DSCPP_CHECK(out.good(), IoError, "flops_profiler.output_file: cannot write '", *file, "'");
-  DSCPP_LOG_INFO("flops_profiler: report of step {} written to {}", global_steps_, *file);
 }
 
 void EngineImpl::write_monitors() {
@@ -635,7 +653,16 @@ void EngineImpl::write_monitors() {
     add("elapsed_time_ms_backward_allreduce", t_reduce_wait_ * 1e3);
     add("elapsed_time_ms_step", t_optimizer_ * 1e3);
   }
-  for (auto& m : monitors_) m->write(events);
+  for (auto it = monitors_.begin(); it != monitors_.end();) {
+    try {  // NOTE [rank-0 observers]
+      (*it)->write(events);
+      ++it;
+    } catch (const std::exception& e) {
+      DSCPP_LOG_ERROR("monitor: {} stopped at step {}: {}; training goes on without it",
+                      (*it)->describe(), global_steps_, e.what());
+      it = monitors_.erase(it);
+    }
+  }
 }
 
 }  // namespace dscpp::engine

@@ -232,8 +232,17 @@ std::string FlopsProfiler::finish(const WindowInfo& info) {
   const int64_t total = fwd.flops + bwd.flops + opt.flops;
   const double matmul_s = fwd.seconds + bwd.seconds + opt.seconds;
   // The machine's matmul peak in the training dtype on this process's threads, measured now
-  // that the window is over (the figure `dscpp report` measures in fp32).
-  const double peak = measure_matmul_gflops(1024, 5, info.dtype) * 1e9;
+  // that the window is over (the figure `dscpp report` measures in fp32). CPU models only.
+  const bool timed = info.device.is_cpu();
+  double peak = 0;
+  std::string no_peak;
+  if (timed) {
+    try {
+      peak = measure_matmul_gflops(1024, 5, info.dtype) * 1e9;
+    } catch (const std::exception& e) {  // no CPU matmul in this dtype (fp16 on libtorch 1.13)
+      no_peak = fmt::format("not measurable in {} on this CPU", c10::toString(info.dtype));
+    }
+  }
   int64_t params = 0;
   for (const auto& p : model_.parameters()) params += p.numel();
   auto module_params = [&](const std::string& path) -> int64_t {
@@ -281,13 +290,14 @@ std::string FlopsProfiler::finish(const WindowInfo& info) {
       peak > 0 ? 100 * achieved / peak : 0.0,
       peak > 0 && info.seconds > 0 ? 100 * 3.0 * fwd.flops / info.seconds / peak : 0.0));
 
-  // Per module scope, forward, to module_depth (1 = the model's direct children).
+  // Per module scope, forward, at depths below module_depth as DeepSpeed counts them: depth 0 is
+  // the model (the lines above), 1 its children ("wte", "h"), 2 theirs ("h.3").
   auto depth = [](const std::string& path) {
     return 1 + static_cast<int64_t>(std::count(path.begin(), path.end(), '.'));
   };
   std::vector<std::string> shown;
   for (const auto& path : module_order_) {
-    if (config_.module_depth < 0 || depth(path) <= config_.module_depth) shown.push_back(path);
+    if (config_.module_depth < 0 || depth(path) < config_.module_depth) shown.push_back(path);
   }
   if (!shown.empty()) {
     line("");
@@ -295,15 +305,16 @@ std::string FlopsProfiler::finish(const WindowInfo& info) {
         "forward, per module scope (depth <= {}):",
         config_.module_depth < 0 ? std::string("all") : std::to_string(config_.module_depth)));
     line(fmt::format("  {:<28} {:>10} {:>14} {:>7} {:>12} {:>14}", "module", "params", "FLOPs",
-                     "% fwd", "latency ms", "FLOP/s"));
+                     "% fwd", timed ? "latency ms" : "", timed ? "FLOP/s" : ""));
     for (const auto& path : shown) {
       const ModuleStats& m = modules_[path];
       const int64_t np = module_params(path);
-      line(fmt::format("  {:<28} {:>10} {:>14} {:>6.1f}% {:>12.2f} {:>14}",
+      line(fmt::format("  {:<28} {:>10} {:>14} {:>6.1f}% {:>12} {:>14}",
                        std::string(2 * (depth(path) - 1), ' ') + path,
                        np < 0 ? std::string("-") : si(np, ""), si(m.flops, ""),
-                       fwd.flops > 0 ? 100.0 * m.flops / fwd.flops : 0.0, m.seconds * 1e3,
-                       si(m.seconds > 0 ? m.flops / m.seconds : 0, "")));
+                       fwd.flops > 0 ? 100.0 * m.flops / fwd.flops : 0.0,
+                       timed ? fmt::format("{:.2f}", m.seconds * 1e3) : std::string(),
+                       timed ? si(m.seconds > 0 ? m.flops / m.seconds : 0, "") : std::string()));
     }
   }
   if (config_.top_modules > 0 && !modules_.empty()) {

@@ -47,6 +47,9 @@ struct WindowInfo {
   double seconds = 0;  // the window's wall time
   double backward_s = 0, reduce_wait_s = 0, optimizer_s = 0;
   at::ScalarType dtype = at::kFloat;  // training dtype (for the matmul peak)
+  // The model's device: op and scope times, the peak and the utilization are reported for CPU
+  // models only (on a GPU the host sees launch times, not kernel times).
+  at::Device device = at::kCPU;
 };
 
 class FlopsProfiler {

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "engine/test_net.h"
+#include "io/fault_file_system.h"
 #include "support/subprocess.h"
 #include "support/temp_dir.h"
 #include "util/crc32c.h"
@@ -207,6 +208,57 @@ TEST(Monitor, EngineWritesDeepSpeedsTagsFromRankZero) {
   EXPECT_EQ(series.size(), 11u) << "train_loss, lr, grad_norm, samples_per_sec, rss_gib, "
                                    "peak_rss_gib and 5 elapsed_time_ms_*";
 #endif
+}
+
+// NOTE [rank-0 observers]: a monitor whose disk fills mid-run stops with an error on rank 0;
+// training goes on, on every rank, the same as without it (no rank is left at a collective).
+TEST(Monitor, AFullDiskStopsTheMonitorNotTheTraining) {
+  testing::TempDir dir;
+  io::FaultFileSystem full({io::FileFault::Kind::disk_full, 1, /*bytes=*/300});
+  const std::string cfg = config_json(8, 2,
+                                      kAdamW +
+                                          ", \"csv_monitor\": {\"enabled\": true, "
+                                          "\"output_path\": \"" +
+                                          dir.path() + "\", \"job_name\": \"j\"}");
+  auto with_full_disk = run_ranks(2, 6, cfg, [&](InitOptions& o) { o.file_system = &full; });
+  auto plain = run_ranks(2, 6, config_json(8, 2, kAdamW));
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(with_full_disk[r].losses.size(), 6u) << "rank " << r;
+    EXPECT_EQ(with_full_disk[r].losses, plain[r].losses) << "rank " << r;
+  }
+  // What reached the disk before it filled is intact: the header and whole rows.
+  auto loss = lines_of(dir.file("j/Train_Samples_train_loss.csv"));
+  ASSERT_GE(loss.size(), 2u);
+  EXPECT_EQ(loss[0], "step,train_loss");
+  EXPECT_LT(loss.size(), 7u) << "the disk filled before the last step";
+}
+
+// fp16 adds the loss scale the step's backward used (element-wise model: libtorch 1.13 has no
+// CPU fp16 matmul).
+TEST(Monitor, Fp16WritesTheLossScale) {
+  testing::TempDir dir;
+  auto errors = testing::run_thread_ranks(1, [&](Communicator& c) {
+    struct ScaleImpl : torch::nn::Module {
+      at::Tensor w = register_parameter("w", at::linspace(-0.5, 0.7, 8));
+    };
+    auto net = std::make_shared<ScaleImpl>();
+    auto engine =
+        initialize(net,
+                   config_json(2, 2,
+                               kAdamW +
+                                   ", \"fp16\": {\"enabled\": true, \"initial_scale_power\": 8}, "
+                                   "\"csv_monitor\": {\"enabled\": true, \"output_path\": \"" +
+                                   dir.path() + "\", \"job_name\": \"j\"}"),
+                   borrowed(c));
+    for (int s = 0; s < 2; ++s) {
+      at::Tensor x = at::linspace(0.1, 0.9, 16).reshape({2, 8}).to(at::kHalf);
+      engine->backward((x * net->w).to(at::kFloat).pow(2).mean());
+      engine->step();
+    }
+  });
+  ASSERT_FALSE(errors[0]) << testing::error_text(errors[0]);
+  EXPECT_EQ(lines_of(dir.file("j/Train_Samples_loss_scale.csv")),
+            (std::vector<std::string>{"step,loss_scale", "2,256", "4,256"}));
 }
 
 // A PNG's size and pixels: the chunks walked, IDAT inflated with zlib and unfiltered (8-bit

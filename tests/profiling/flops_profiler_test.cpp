@@ -100,7 +100,7 @@ TEST(FlopsProfiler, EngineProfilesTheStepAndWritesTheReport) {
         "\"zero_optimization\": {\"stage\": " +
         std::to_string(stage) +
         "}, \"flops_profiler\": {\"enabled\": true, \"profile_step\": 1, \"module_depth\": " +
-        (stage == 3 ? "2" : "-1") + ", \"detailed\": " + (stage == 3 ? "false" : "true") +
+        (stage == 3 ? "3" : "-1") + ", \"detailed\": " + (stage == 3 ? "false" : "true") +
         ", \"output_file\": \"" + file + "\"}}";
     auto errors = testing::run_thread_ranks(2, [&](Communicator& c) {
       GPT gpt(kGpt, 1);
@@ -134,7 +134,7 @@ TEST(FlopsProfiler, EngineProfilesTheStepAndWritesTheReport) {
     EXPECT_NE(r.find("  h.1 "), std::string::npos) << where;
     if (stage == 3) {
       EXPECT_EQ(r.find("h.1.mlp"), std::string::npos)
-          << "module_depth 2 (h.1 is at depth 2: h is a module)\n"
+          << "module_depth 3 shows depths 0-2 (h.1 is at 2: h is a module)\n"
           << where;
       EXPECT_EQ(r.find("aten::mm"), std::string::npos) << "detailed false\n" << where;
     } else {
