@@ -8,9 +8,15 @@ what torch.distributed's env:// expects:
 
   build/dscpp launch --num_procs 2 /usr/bin/python3 bench/ddp_gpt.py --data FILE --steps 40 ...
 
-Prints steady-state tokens/s (steps after the warm-up) on rank 0 and each rank's peak RSS.
+Prints steady-state tokens/s (steps after the warm-up), the training loop's wall time and the
+last step's loss (the mean over every rank's micro-batch, as dscpp train prints it) on rank 0, and
+each rank's peak RSS. --bf16 runs forward and loss under torch.autocast("cpu", torch.bfloat16),
+PyTorch's mixed precision on a CPU (fp32 weights, gradients and optimizer). --gas N accumulates N
+micro-batches per optimizer step (no_sync until the last), taking them as dscpp does; --init starts
+from dscpp's initial weights (otherwise PyTorch's default init, which starts at a loss near 160).
 """
 import argparse
+import contextlib
 import os
 import resource
 import sys
@@ -21,7 +27,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "golden"))
-from gpt_reference import GPT  # noqa: E402
+from gpt_reference import GPT, st_load  # noqa: E402
 
 
 def main():
@@ -36,40 +42,61 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--bucket_cap_mb", type=float, default=25.0)
+    ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--gas", type=int, default=1, help="micro-batches per optimizer step")
+    ap.add_argument("--init", help="initial weights (safetensors: dscpp train --steps 0 --save_final)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(1234)
     model = GPT(256, a.block_size, a.n_layer, a.n_head, a.n_embd)
+    if a.init:
+        tensors, _ = st_load(a.init)
+        model.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=True)
     ddp = DDP(model, bucket_cap_mb=a.bucket_cap_mb)
     opt = torch.optim.AdamW(ddp.parameters(), lr=a.lr, weight_decay=0.01)
     with open(a.data, "rb") as f:
         tok = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).long()
-    T, b = a.block_size, a.micro_batch
+    T, b, gas = a.block_size, a.micro_batch, a.gas
     n = (tok.numel() - 1) // T
-    B = b * world
-    t_steady = None
+    B = b * world * gas
+    warmup = min(a.warmup, a.steps - 1)
+    t_start = time.perf_counter()
+    t_steady = t_start
     for s in range(a.steps):
-        if s == a.warmup:
+        if s == warmup:
             t_steady = time.perf_counter()
-        idx = [(s * B + rank * b + i) % n for i in range(b)]
-        x = torch.stack([tok[j * T:j * T + T] for j in idx])
-        y = torch.stack([tok[j * T + 1:j * T + T + 1] for j in idx])
-        loss = GPT.cross_entropy(ddp(x), y)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        total = 0.0
+        for k in range(gas):
+            # dscpp's data contract (include/dscpp/data.h): micro-step k of rank r
+            idx = [(s * B + (k * world + rank) * b + i) % n for i in range(b)]
+            x = torch.stack([tok[j * T:j * T + T] for j in idx])
+            y = torch.stack([tok[j * T + 1:j * T + T + 1] for j in idx])
+            # the gradients are reduced once, in the last micro-batch's backward
+            with ddp.no_sync() if k + 1 < gas else contextlib.nullcontext():
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+                    loss = GPT.cross_entropy(ddp(x), y) / gas
+                loss.backward()
+            total += loss.item()
         torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
         opt.step()
-        if rank == 0 and (s + 1) % 10 == 0:
-            print("step %d loss %.4f" % (s + 1, loss.item()), flush=True)
+        if (s + 1) % 10 == 0 or s + 1 == a.steps:
+            mean = torch.tensor(total)
+            dist.all_reduce(mean)
+            if rank == 0:
+                print("step %d loss %.4f" % (s + 1, mean.item() / world), flush=True)
     dist.barrier()
-    elapsed = time.perf_counter() - t_steady
+    end = time.perf_counter()
+    elapsed = end - t_steady
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     print("rank %d: peak RSS %.1f MiB" % (rank, peak), flush=True)
     if rank == 0:
         print("throughput: %.1f tokens/s over steps %d..%d (after %d warm-up steps)"
-              % ((a.steps - a.warmup) * B * T / elapsed, a.warmup + 1, a.steps, a.warmup), flush=True)
+              % ((a.steps - warmup) * B * T / elapsed, warmup + 1, a.steps, warmup), flush=True)
+        print("train time: %.2f s for %d samples (%d steps)" % (end - t_start, a.steps * B, a.steps),
+              flush=True)
     dist.destroy_process_group()
 
 

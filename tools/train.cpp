@@ -86,7 +86,9 @@ int train_main(int argc, char** argv) {
   app.add_option("--vocab_size", a.vocab_size, "vocabulary (default: the data's)");
   app.add_option("--data", a.data,
                  "FILE.txt (bytes) or FILE.bin (uint16 tokens); none: built-in task");
-  app.add_option("--steps", a.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--steps", a.steps,
+                 "optimizer steps (0 with --save_final: write the initial weights)")
+      ->capture_default_str();
   app.add_option("--seed", a.seed, "model init, data generation and shuffling")
       ->capture_default_str();
   app.add_flag("--no_shuffle", a.no_shuffle, "step s trains on samples (s*B + i) mod num_samples");
@@ -111,7 +113,9 @@ int train_main(int argc, char** argv) {
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (!a.level.empty()) set_log_level(parse_log_level(a.level));
-  DSCPP_CHECK(a.steps > 0, ConfigError, "--steps must be > 0");
+  DSCPP_CHECK(a.steps > 0 || (a.steps == 0 && !a.save_final.empty() && !a.resume), ConfigError,
+              "--steps must be > 0 (0 only with --save_final and no --resume: it writes the "
+              "initial weights, for another framework to start from)");
   DSCPP_CHECK(a.save_interval >= 0, ConfigError, "--save_interval must be >= 0");
   DSCPP_CHECK(!a.save_dir.empty() || (!a.resume && a.save_interval == 0), ConfigError,
               "--resume and --save_interval need --save_dir. HINT: --save_dir DIR");
@@ -352,7 +356,8 @@ int train_main(int argc, char** argv) {
     // Training is over: a stop signal ends the process again, as without --save_dir.
     for (int sig : {SIGTERM, SIGUSR1}) ::signal(sig, SIG_DFL);
   }
-  const double steady_s = std::chrono::duration<double>(Clock::now() - steady_start).count();
+  const auto end = Clock::now();
+  const double steady_s = std::chrono::duration<double>(end - steady_start).count();
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   const MemoryStats mem = engine.memory_stats();
@@ -375,7 +380,11 @@ int train_main(int argc, char** argv) {
                      engine.skipped_steps(), a.steps, engine.loss_scale())
               << std::endl;
   }
-  if (rank == 0 && first_step >= a.steps) {
+  if (rank == 0 && a.steps == 0) {
+    std::cout << fmt::format("--steps 0: nothing trained; the initial weights go to {}",
+                             a.save_final)
+              << std::endl;
+  } else if (rank == 0 && first_step >= a.steps) {
     std::cout << fmt::format("nothing left to train: the checkpoint is at step {} of --steps {}",
                              first_step, a.steps)
               << std::endl;
@@ -385,6 +394,12 @@ int train_main(int argc, char** argv) {
                      (a.steps - first_step - warmup_steps) * engine.train_batch_size() *
                          a.block_size / steady_s,
                      first_step + warmup_steps + 1, a.steps, warmup_steps)
+              << std::endl;
+    // The training loop's wall time, warm-up included (what a user's epoch costs).
+    std::cout << fmt::format("train time: {:.2f} s for {} samples ({} steps)",
+                             std::chrono::duration<double>(end - start).count(),
+                             (a.steps - first_step) * engine.train_batch_size(),
+                             a.steps - first_step)
               << std::endl;
   }
   if (mem.gathered > 0) {

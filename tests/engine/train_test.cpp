@@ -263,6 +263,32 @@ TEST(Train, StoppedBySigtermAndResumedEqualsAnUninterruptedRun) {
   EXPECT_EQ(init.status, 0) << init.output;
 }
 
+// --steps 0 --save_final writes the weights a run starts from (bench/seed_tables.sh hands them
+// to PyTorch DDP), at stage 0 and from a model built sharded at stage 3.
+TEST(Train, StepsZeroWritesTheInitialWeights) {
+  TempDir dir;
+  models::GPT expected(tiny_gpt(32), 5);
+  std::vector<at::Tensor> parts;
+  for (const auto& p : expected->parameters()) parts.push_back(p.reshape({-1}).to(at::kDouble));
+  const at::Tensor want = at::cat(parts);
+  for (int stage : {0, 3}) {
+    const std::string tag = "s" + std::to_string(stage);
+    write(dir.file(tag + ".json"), config(8, 4, stage));
+    auto r =
+        run_command(kCli + " launch --num_procs 2 --master_port " + std::to_string(free_port()) +
+                    " " + kCli + " train --config " + dir.file(tag + ".json") + kModelArgs +
+                    " --steps 0 --save_final " + dir.file(tag + ".safetensors"));
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("nothing trained"), std::string::npos) << r.output;
+    EXPECT_TRUE(at::equal(flat_weights(dir.file(tag + ".safetensors")), want)) << tag;
+  }
+  // Without --save_final there is nothing to do.
+  write(dir.file("c.json"), config(8, 4));
+  auto r = run_command(kCli + " train --config " + dir.file("c.json") + kModelArgs + " --steps 0");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("--save_final"), std::string::npos) << r.output;
+}
+
 TEST(Train, BadInputIsAClearErrorAndNoRankIsLeftRunning) {
   TempDir dir;
   auto launch = [&](const std::string& cfg_json, const std::string& extra, int steps = 3) {
