@@ -828,6 +828,13 @@ json parse_text(const std::string& text, const std::string& source) {
                at - line_start + 1, ": ", reason,
                ". HINT: look for a missing comma, colon, quote or brace at or just before that "
                "position");
+  } catch (const json::out_of_range& e) {
+    // A number beyond a double's range ("stage": 1e999; found by tests/config/config_fuzz_test):
+    // nlohmann says "number overflow parsing '1e999'", without a position.
+    std::string reason = e.what();
+    if (auto pos = reason.find("] "); pos != std::string::npos) reason = reason.substr(pos + 2);
+    DSCPP_FAIL(ConfigError, "malformed JSON in ", source, ": ", reason,
+               ". HINT: every number must fit a 64-bit float (at most about 1.8e308)");
   }
 }
 

@@ -946,6 +946,10 @@ TEST(ConfigParse, MalformedJsonGivesLineAndColumn) {
   EXPECT_EQ(msg.rfind("malformed JSON in '" + path + "' at line 1, column 35: syntax error", 0), 0u)
       << msg;
   std::filesystem::remove(path);
+  // A number no double holds is malformed JSON too, not a library exception (found by fuzzing).
+  msg = parse_error(R"({"zero_optimization": {"stage": 1e999}})");
+  EXPECT_EQ(msg.rfind("malformed JSON in <json text>: number overflow parsing '1e999'", 0), 0u)
+      << msg;
 }
 
 TEST(ConfigParse, DuplicateKeysAreErrors) {
