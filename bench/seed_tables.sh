@@ -121,7 +121,7 @@ JSON
 
 peak_of() { grep -o 'rank [0-9]*: peak RSS [0-9.]*' | awk '{if ($5 > m) m = $5} END {printf "%.0f", m}'; }
 tokens_of() { grep -o 'throughput: [0-9.]*' | awk '{print $2}'; }
-train_time_of() { grep -o 'train time: [0-9.]* s for [0-9]* samples' | awk '{print $3, $6}'; }
+train_time_of() { grep -o 'train time: [0-9.]*' | awk '{print $3}'; }
 loss_of() { grep -oE '(step +[0-9]+/[0-9]+ \| loss|step [0-9]+ loss) [0-9.]+' | tail -1 | awk '{print $NF}'; }
 
 declare -A PEAK  # key SYSTEM PREC MB -> max peak RSS over the ranks, MiB (in this shell: no $(...))
@@ -199,7 +199,7 @@ table() {
       next_port
       out=$(run "$sys" "$prec" "$u" "$steps" $((batch / u))) || { echo "$out" | tail -20 >&2; exit 1; }
       TOK[$sys]+=" $(tokens_of <<<"$out")"
-      TIME[$sys]+=" $(train_time_of <<<"$out" | awk '{print $1}')"
+      TIME[$sys]+=" $(train_time_of <<<"$out")"
       LOSS[$sys]+=" $(loss_of <<<"$out")"
       RUNPEAK[$sys]+=" $(peak_of <<<"$out")"
       echo "  round $r: $(label "$sys") $prec micro-batch $u x $((batch / u)): $(grep -o 'train time.*' <<<"$out"), loss $(loss_of <<<"$out")" >&2
@@ -241,7 +241,7 @@ write_init() {
     { echo "seed_tables.sh: could not write the initial weights" >&2; exit 1; }
 }
 
-echo "# seed tables: cap $CAP GiB per rank (peak RSS), $ROUNDS rounds, $(date -u +%Y-%m-%d)"
+echo "# seed tables: cap $CAP GiB per rank (peak RSS), rounds: $ROUNDS, $(date -u +%Y-%m-%d)"
 if [[ $TABLES == *A* ]]; then
   echo
   echo "## Table A: fp32, GPT $L x $C ($H heads, block $T), 2 ranks"
