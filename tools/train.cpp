@@ -297,7 +297,6 @@ int train_main(int argc, char** argv) {
   // the last step.
   const int64_t progress_every = config.steps_per_print;
   for (int64_t s = first_step; s < a.steps; ++s) {
-    comm->set_step(s);
     for (int64_t k = 0; k < engine.gradient_accumulation_steps(); ++k) {
       data::Batch b = loader.micro_batch(s, rank, k);
       at::Tensor loss = model->loss(b.inputs.to(device), b.targets.to(device));

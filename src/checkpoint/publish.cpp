@@ -4,6 +4,7 @@
 #include "checkpoint/verify.h"
 #include "dscpp/error.h"
 #include "io/file_system.h"
+#include "util/fault_inject.h"
 
 namespace dscpp::checkpoint {
 
@@ -37,6 +38,7 @@ void publish(const std::string& dir, const Manifest& m, io::FileSystem* fsp) {
   check_tag(m.tag);
   const std::string text = m.to_json();
   fs.write_file_atomically(dir + "/" + m.tag + "/manifest.json", {{text.data(), text.size()}});
+  fault::point(fault::Phase::save);
   const std::string latest = m.tag + "\n";
   fs.write_file_atomically(dir + "/latest", {{latest.data(), latest.size()}});
 }

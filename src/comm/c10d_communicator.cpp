@@ -154,7 +154,7 @@ WorkHandle C10dCommunicator::enqueue(
   {
     std::lock_guard<std::mutex> g(mu_);
     int64_t seq = collective ? ++seq_ : seq_.load();
-    queue_.push_back(Task{desc, seq, collective, std::move(body), state});
+    queue_.push_back(Task{desc, seq, collective, step_.load(), std::move(body), state});
   }
   cv_.notify_one();
   return state;
@@ -180,10 +180,11 @@ void C10dCommunicator::run_task(Task& task) {
     return;
   }
   // Point-to-point ops are not collectives: the record keeps the last collective.
-  if (task.collective) monitor_.on_enter(task.seq, task.desc, step_);
+  if (task.collective) monitor_.on_enter(task.seq, task.desc, task.step);
   auto t0 = std::chrono::steady_clock::now();
   try {
-    if (task.collective && options_.debug_sync) check_same_op_everywhere(task.seq, task.desc);
+    if (task.collective && options_.debug_sync)
+      check_same_op_everywhere(task.seq, task.desc, task.step);
     auto pending = task.body(task.seq);
     if (task.collective) monitor_.on_complete(task.seq);
     if (!pending) logger_.record(task.desc, task.desc.bytes(), std::chrono::steady_clock::now() - t0);
@@ -196,12 +197,13 @@ void C10dCommunicator::run_task(Task& task) {
     std::string what = e.what();
     bool timeout = dynamic_cast<const CommTimeout*>(&e) || looks_like_timeout(what);
     std::string title =
-        timeout ? fmt::format("collective #{} {} (step {}) did not complete within {:.1f} s",
-                              task.seq, task.desc.to_string(), step_.load(),
-                              options_.timeout.count() / 1e3)
-                : fmt::format("collective #{} {} (step {}) failed: {}", task.seq,
-                              task.desc.to_string(), step_.load(), what);
-    std::string report = monitor_.report(title);
+        timeout
+            ? fmt::format("collective #{} {} (step {}) did not complete within {:.1f} s", task.seq,
+                          task.desc.to_string(), task.step, options_.timeout.count() / 1e3)
+            : fmt::format("collective #{} {} (step {}) failed: {}", task.seq, task.desc.to_string(),
+                          task.step, what);
+    const auto* exited = dynamic_cast<const PeerExited*>(&e);
+    std::string report = monitor_.report(title, exited ? exited->rank() : -1);
     broken_ = timeout ? std::make_exception_ptr(CommTimeout(report))
                       : std::make_exception_ptr(CommError(report));
   } catch (const std::exception& e) {
@@ -209,12 +211,11 @@ void C10dCommunicator::run_task(Task& task) {
     bool timeout = looks_like_timeout(what) ||
                    std::chrono::steady_clock::now() - t0 >= options_.timeout;
     std::string title =
-        timeout ? fmt::format("collective #{} {} (step {}) did not complete within {:.1f} s",
-                              task.seq, task.desc.to_string(), step_.load(),
-                              options_.timeout.count() / 1e3)
-                : fmt::format("collective #{} {} (step {}) failed in the backend: {}", task.seq,
-                              task.desc.to_string(), step_.load(),
-                              what.substr(0, what.find('\n')));
+        timeout
+            ? fmt::format("collective #{} {} (step {}) did not complete within {:.1f} s", task.seq,
+                          task.desc.to_string(), task.step, options_.timeout.count() / 1e3)
+            : fmt::format("collective #{} {} (step {}) failed in the backend: {}", task.seq,
+                          task.desc.to_string(), task.step, what.substr(0, what.find('\n')));
     std::string report = monitor_.report(title);
     broken_ = timeout ? std::make_exception_ptr(CommTimeout(report))
                       : std::make_exception_ptr(CommError(report));
@@ -232,9 +233,10 @@ int C10dCommunicator::ring_tag_base(int64_t seq) const {
   return static_cast<int>((seq % (1 << 18)) + 1) * 4096;
 }
 
-void C10dCommunicator::check_same_op_everywhere(int64_t seq, const OpDesc& desc) {
+void C10dCommunicator::check_same_op_everywhere(int64_t seq, const OpDesc& desc, int64_t step) {
+  // The training step too: ranks a whole step apart issue collectives of the same shapes.
   at::Tensor mine = at::tensor({static_cast<int64_t>(desc.kind), static_cast<int64_t>(desc.dtype),
-                                desc.numel, desc.peer},
+                                desc.numel, desc.peer, step},
                                at::kLong);
   std::vector<at::Tensor> all;
   for (int r = 0; r < world_size_; ++r) all.push_back(at::empty_like(mine));
@@ -247,7 +249,8 @@ void C10dCommunicator::check_same_op_everywhere(int64_t seq, const OpDesc& desc)
     d.dtype = static_cast<c10::ScalarType>(t[1].item<int64_t>());
     d.numel = t[2].item<int64_t>();
     d.peer = t[3].item<int64_t>();
-    return d.to_string();
+    const int64_t at_step = t[4].item<int64_t>();
+    return d.to_string() + (at_step >= 0 ? fmt::format(" at step {}", at_step) : std::string());
   };
   std::string diffs;
   for (int r = 1; r < world_size_; ++r) {
@@ -256,8 +259,8 @@ void C10dCommunicator::check_same_op_everywhere(int64_t seq, const OpDesc& desc)
                            describe(out[0][r]));
     }
   }
-  DSCPP_CHECK(diffs.empty(), CollectiveMismatch, "collective mismatch at collective #", seq, " (step ",
-              step_.load(), "), seen on rank ", rank_, ":\n", diffs,
+  DSCPP_CHECK(diffs.empty(), CollectiveMismatch, "collective mismatch at collective #", seq,
+              " (step ", step, "), seen on rank ", rank_, ":\n", diffs,
               "HINT: every rank must issue the same collectives with the same dtype and size, in "
               "the same order");
 }

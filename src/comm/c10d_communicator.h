@@ -60,6 +60,7 @@ class C10dCommunicator final : public Communicator {
     OpDesc desc;
     int64_t seq;      // sequence number of a collective; for send/recv, that of the last one
     bool collective;  // false for send/recv: no sequence number, no shape check
+    int64_t step;     // the training step when it was issued (set_step)
     // Runs the operation. Collectives complete before returning null; send/recv only post and
     // return the backend's handle, which the caller's wait() waits on (NOTE [point-to-point]).
     std::function<c10::intrusive_ptr<compat::C10dWork>(int64_t seq)> body;
@@ -70,7 +71,7 @@ class C10dCommunicator final : public Communicator {
                      std::function<c10::intrusive_ptr<compat::C10dWork>(int64_t seq)> body);
   void run_loop();
   void run_task(Task& task);
-  void check_same_op_everywhere(int64_t seq, const OpDesc& desc);
+  void check_same_op_everywhere(int64_t seq, const OpDesc& desc, int64_t step);
   void wait_c10d(const c10::intrusive_ptr<compat::C10dWork>& work);
   // Uneven all-gather on NCCL: outputs[r] (on every rank) from rank r's input, one broadcast
   // per non-empty output. Runs on the comm thread.

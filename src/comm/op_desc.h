@@ -34,4 +34,15 @@ class CollectiveMismatch final : public CommError {
   using CommError::CommError;
 };
 
+// Raised when a peer on this host is seen to have exited (shared-memory collectives): the sync
+// report then does not wait for that rank's answer.
+class PeerExited final : public CommError {
+ public:
+  PeerExited(int rank, const std::string& what) : CommError(what), rank_(rank) {}
+  int rank() const { return rank_; }
+
+ private:
+  int rank_;
+};
+
 }  // namespace dscpp::comm

@@ -403,8 +403,9 @@ void ShmGroup::check_alive(int r) const {
   const RankArea& peer = area_of(base_, r);
   if (peer.pid == ::getpid() || peer.pid_namespace != area_of(base_, rank_).pid_namespace) return;
   if (::kill(peer.pid, 0) == 0 || errno != ESRCH) return;
-  DSCPP_FAIL(CommError, "rank ", r, " (pid ", peer.pid, ") exited while rank ", rank_,
-             " waited for it in a shared-memory collective. HINT: its output says why");
+  throw PeerExited(r, fmt::format("rank {} (pid {}) exited while rank {} waited for it in a "
+                                  "shared-memory collective. HINT: its output says why",
+                                  r, peer.pid, rank_));
 }
 
 void ShmGroup::reduce(const at::Tensor& out, const std::vector<at::Tensor>& ins, ReduceOp op) {

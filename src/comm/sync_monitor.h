@@ -6,18 +6,27 @@
 // whether it completed) in memory; nothing is written per collective. A watcher thread polls
 // the store key "<prefix>/alarm" every kPollInterval through its own store client. A rank whose
 // collective times out (or fails) sets the alarm, publishes its record under
-// "<prefix>/state/<rank>", and waits up to kAnswerWait for the others. Every rank's watcher that
+// "<prefix>/state/<rank>", and waits up to kAnswerWait for the others (not for a rank seen to have
+// exited, see PeerExited). Every rank's watcher that
 // sees the alarm publishes its record too, whatever its training thread is doing (computing,
 // blocked in another collective, sleeping). The rank that timed out then prints a table of who
 // reached what, and names the ranks that are behind (lowest sequence number) with the collective
 // they never entered, or the ranks that did not answer at all (dead, or hung outside dscpp).
 // Every rank that times out builds the same table, so each surviving rank reports it.
+//
+// The store is served by rank 0, and a store call to a stopped rank 0 blocks in the socket with
+// no timeout (libtorch 1.13's TCPStore client). So no store call runs on a thread that must
+// finish: the watcher and each report's exchange own their state through a shared pointer, the
+// reporter waits for the exchange at most kAnswerWait + kStoreGrace (then reports that the
+// store did not answer, naming rank 0), and the destructor leaves a watcher stuck in the store
+// behind instead of joining it.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -40,13 +49,16 @@ struct RankRecord {
 
 // Builds the report text from the records that answered (missing ranks have no record).
 // `reporter` is the rank writing the report, `what` says what happened to it.
+// `store_silent`: the store (on rank 0) did not answer, so only the reporter's record is known.
 std::string format_sync_report(int reporter, int world_size, const std::string& what,
-                               const std::vector<std::optional<RankRecord>>& records);
+                               const std::vector<std::optional<RankRecord>>& records,
+                               bool store_silent = false);
 
 class SyncMonitor {
  public:
   static constexpr std::chrono::milliseconds kPollInterval{200};
   static constexpr std::chrono::milliseconds kAnswerWait{5000};
+  static constexpr std::chrono::milliseconds kStoreGrace{1000};
 
   // `store` must be usable from the watcher thread concurrently with other users (a dedicated
   // TCPStore client, or a thread-safe HashStore in tests). Keys live under `prefix`.
@@ -60,21 +72,13 @@ class SyncMonitor {
 
   // Raises the alarm, publishes this rank's record, collects the others' and returns the
   // report. Safe to call more than once (later calls rebuild the table).
-  std::string report(const std::string& what);
+  std::string report(const std::string& what, int exited_rank = -1);
 
  private:
-  RankRecord snapshot() const;
-  void publish();
-  void watch();
+  struct Shared;  // what the watcher and the exchanges use; outlives this object if they hang
+  static void watch(const std::shared_ptr<Shared>& s);
 
-  c10::intrusive_ptr<c10d::Store> store_;
-  std::string prefix_;
-  int rank_;
-  int world_size_;
-  mutable std::mutex mu_;
-  RankRecord last_;
-  std::atomic<bool> stop_{false};
-  std::atomic<bool> published_{false};
+  std::shared_ptr<Shared> shared_;
   std::thread watcher_;
 };
 

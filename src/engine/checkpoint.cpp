@@ -520,6 +520,7 @@ LoadResult EngineImpl::load_checkpoint(const std::string& dir, const std::string
   if (!module_only) {
     const auto& c = m.counters;
     global_steps_ = c.value("global_steps", int64_t{0});
+    comm_->set_step(global_steps_);
     skipped_steps_ = c.value("skipped_steps", int64_t{0});
     global_samples_ = c.value("global_samples", global_steps_ * train_batch_size());
     const int64_t micro = c.value("micro_steps", int64_t{0});

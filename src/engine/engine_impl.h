@@ -69,6 +69,9 @@ class EngineImpl {
  private:
   // ----- set-up steps (setup.cpp), in the order the constructor runs them
   void resolve_batch();
+  // Throws ConfigError on every rank when the ranks' models differ (parameter names, shapes,
+  // dtypes, trainability): one small all-reduce, before any collective that would pair them up.
+  void check_same_model_on_every_rank();
   void choose_precision();
   // The pre-flight check (NOTE [pre-flight]): throws ConfigError on every rank when the model
   // states this config asks for do not fit the memory (or swap disk) this host has left.
@@ -106,6 +109,9 @@ class EngineImpl {
   };
   // This rank's window flags for the statistics: 1 non-finite loss, 2 failed backward.
   int window_flags() const;
+  // For a non-finite gradient norm: which ranks' own gradients were non-finite, and in which
+  // parameter first (one small all-reduce, on every rank at once).
+  std::string nonfinite_origin();
   Reduced reduce_window();
   // Sums this rank's window statistics (and `part_sq_norm`) over ranks into `r`.
   void reduce_stats(Reduced& r, double part_sq_norm);

@@ -7,11 +7,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "dscpp/error.h"
 #include "engine/check_supported.h"
 #include "engine/engine_impl.h"
 #include "engine/estimate.h"
+#include "util/fault_inject.h"
 #include "util/log.h"
 #include "zero/presharded.h"
 #include "zero/reducer.h"
@@ -31,6 +33,7 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> model, Config config, 
       async_io_(options.async_io),
       detail_log_level_(options.detail_log_level) {
   DSCPP_CHECK(model_, ConfigError, "initialize() was given a null model");
+  fault::check_environment();
   SupportContext support{client_optimizer_ != nullptr, client_lr_scheduler_ != nullptr};
   std::vector<std::string> ignored = check_supported(config_, support);
   if (!comm_) comm_ = comm::init_from_env(comm::CommOptions::from_config(&config_));
@@ -38,6 +41,7 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> model, Config config, 
     for (const auto& w : ignored) DSCPP_LOG_WARN("{}", w);
   }
   resolve_batch();
+  check_same_model_on_every_rank();
   choose_precision();
   check_memory_fits();
   build_strategy();
@@ -46,6 +50,7 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> model, Config config, 
   open_monitors();
   if (config_.dump_state) dump_state();
   start_profiler_if_due();
+  comm_->set_step(global_steps_);  // sync reports say at which step a collective was issued
   window_start_ = std::chrono::steady_clock::now();
 }
 
@@ -67,6 +72,48 @@ void EngineImpl::resolve_batch() {
   if (comm_->rank() == 0) {
     log_detail("resolved config (values in force):\n" + config_.describe());
   }
+}
+
+void EngineImpl::check_same_model_on_every_rank() {
+  // Per rank: an FNV-1a hash (52 bits: exact in a double) of every parameter's name, shape,
+  // dtype and trainability, its tensor count and its element count.
+  uint64_t hash = 14695981039346656037ULL;
+  auto mix = [&](const std::string& s) {
+    for (unsigned char c : s) hash = (hash ^ c) * 1099511628211ULL;
+  };
+  int64_t tensors = 0, elements = 0;
+  std::optional<at::Device> device;
+  for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+    const at::Tensor& p = item.value();
+    mix(fmt::format("{}|{}|{}|{};", item.key(), fmt::join(p.sizes(), ","),
+                    c10::toString(p.scalar_type()), p.requires_grad()));
+    ++tensors;
+    elements += p.numel();
+    if (!device) device = p.device();
+  }
+  const int world = comm_->world_size();
+  if (world == 1) return;
+  at::Tensor all = rank_values(3 * world, device.value_or(at::kCPU));
+  all[3 * comm_->rank()] = static_cast<double>(hash >> 12);
+  all[3 * comm_->rank() + 1] = static_cast<double>(tensors);
+  all[3 * comm_->rank() + 2] = static_cast<double>(elements);
+  comm_->all_reduce(all)->wait();
+  all = all.cpu();
+  const double* v = all.data_ptr<double>();
+  std::string differ;
+  for (int q = 1; q < world; ++q) {
+    if (v[3 * q] != v[0] || v[3 * q + 1] != v[1] || v[3 * q + 2] != v[2]) {
+      differ += fmt::format("; rank {}: {} tensors, {} elements", q,
+                            static_cast<int64_t>(v[3 * q + 1]), static_cast<int64_t>(v[3 * q + 2]));
+    }
+  }
+  DSCPP_CHECK(differ.empty(), ConfigError,
+              "the model passed to initialize() differs across ranks (parameter names, shapes, "
+              "dtypes or requires_grad): rank 0: ",
+              static_cast<int64_t>(v[1]), " tensors, ", static_cast<int64_t>(v[2]), " elements",
+              differ,
+              ". HINT: every rank must build the same model, in the same dtype, before "
+              "initialize(); with equal counts, a name, shape or dtype differs");
 }
 
 void EngineImpl::open_monitors() {
@@ -141,6 +188,7 @@ void EngineImpl::build_strategy() {
   zero::StrategyOptions so;
   so.stage = stage;
   so.reduce.dtype = dtype_;
+  so.reduce.check_finite = scaler_ == nullptr;
   so.reduce.reduce_bucket_size = zero::capped_bucket_size(zc.reduce_bucket_size, layout.numel);
   so.reduce.prescale_gradients = config_.prescale_gradients;
   so.reduce.gradient_predivide_factor = config_.gradient_predivide_factor;

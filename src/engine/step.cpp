@@ -11,6 +11,7 @@
 
 #include "dscpp/error.h"
 #include "engine/engine_impl.h"
+#include "util/fault_inject.h"
 #include "util/log.h"
 
 namespace dscpp::engine {
@@ -226,6 +227,7 @@ void EngineImpl::enter_no_sync() {
 
 void EngineImpl::abandon_window() {
   strategy_->reducer().zero_grads();
+  strategy_->reducer().clear_nonfinite();
   window_micro_steps_ = 0;
   window_loss_sum_ = 0;
   window_nonfinite_ = 0;
@@ -328,11 +330,15 @@ void EngineImpl::apply_step() {
   // parts' squared norms summed over ranks; the same arithmetic either way.
   const double grad_norm = std::sqrt(red.grad_sq_norm) * unscale;
   if (!std::isfinite(grad_norm) && scaler_) return skip_step(loss, lr);
-  if (!std::isfinite(grad_norm)) abandon_window();
-  DSCPP_CHECK(std::isfinite(grad_norm), Error, "the gradient norm is ", grad_norm,
-              " at optimizer step ", global_steps_ + 1,
-              " although every loss was finite. HINT: an operation overflowed in backward; lower "
-              "the learning rate or enable gradient_clipping");
+  if (!std::isfinite(grad_norm)) {
+    const std::string origin = nonfinite_origin();
+    abandon_window();
+    DSCPP_FAIL(Error, "the gradient norm is ", grad_norm, " at optimizer step ", global_steps_ + 1,
+               " although every loss was finite", origin,
+               "; the step is not applied. HINT: an operation overflowed in backward on that "
+               "rank; look at its data for this step, lower the learning rate, or enable "
+               "gradient_clipping");
+  }
   // 3. Clip by the global norm, as DeepSpeed does.
   const double clip = config_.gradient_clipping;
   const double coef = clip > 0 ? std::min(1.0, clip / (grad_norm + 1e-6)) : 1.0;
@@ -352,6 +358,7 @@ void EngineImpl::apply_step() {
   t_optimizer_ += seconds_since(t_opt);
 
   ++global_steps_;
+  comm_->set_step(global_steps_);
   global_samples_ += train_batch_size();
   double window_s = seconds_since(window_start_);
   last_step_ = StepStats{
@@ -441,6 +448,7 @@ void EngineImpl::run_offloaded_optimizer(
 }
 
 void EngineImpl::update_parameters(const Reduced& red, double unscale, double coef, double lr) {
+  fault::point(fault::Phase::optimizer);
   bool on_disk = swapper_ != nullptr;
   for (const auto& p : red.parts) on_disk = on_disk || p.sink;
   if (!on_disk) {
@@ -478,6 +486,26 @@ void EngineImpl::update_parameters(const Reduced& red, double unscale, double co
   }
 }
 
+std::string EngineImpl::nonfinite_origin() {
+  // Every rank is here at once (they all see the same norm): one small all-reduce of where each
+  // rank's own gradients first turned non-finite (ReduceOptions::check_finite).
+  const int world = comm_->world_size();
+  zero::GradReducer& reducer = strategy_->reducer();
+  at::Tensor first = rank_values(world, device_);
+  first[comm_->rank()] = static_cast<double>(reducer.first_nonfinite() + 1);
+  comm_->all_reduce(first)->wait();
+  first = first.cpu();
+  std::string out;
+  for (int q = 0; q < world; ++q) {
+    const auto p = static_cast<int>(first.data_ptr<double>()[q]) - 1;
+    if (p < 0) continue;
+    out +=
+        fmt::format("{}rank {} (first in '{}')", out.empty() ? "" : ", ", q, reducer.names().at(p));
+  }
+  return out.empty() ? "; no rank's own gradients were non-finite, so their sum overflowed"
+                     : "; the gradients were non-finite before averaging on " + out;
+}
+
 void EngineImpl::check_usable() const {
   DSCPP_CHECK(broken_.empty(), Error, "the engine stopped after an earlier failure: ", broken_);
 }
@@ -488,6 +516,7 @@ void EngineImpl::skip_step(double loss, double lr) {
   const double window_s = seconds_since(window_start_);
   ++skipped_steps_;
   ++global_steps_;
+  comm_->set_step(global_steps_);
   global_samples_ += train_batch_size();
   last_step_ = StepStats{global_steps_, loss, lr, std::nan(""), 0, window_s, used, true};
   finish_profiler();  // before the window's counters and timers reset

@@ -20,6 +20,7 @@
 
 #include "dscpp/config.h"
 #include "dscpp/error.h"
+#include "util/fault_inject.h"
 #include "util/log.h"
 
 #ifdef DSCPP_HAVE_URING
@@ -179,6 +180,7 @@ class Workers final : public AsyncIo {
       }
     }
     cv_.notify_all();
+    fault::point(fault::Phase::offload_io);
     return request;
   }
 

@@ -68,11 +68,15 @@ class FileSystem {
   virtual bool exists(const std::string& path) = 0;
   // Size in bytes. Throws IoError when the file does not exist.
   virtual uint64_t file_size(const std::string& path) = 0;
+  // The names in a directory (not "." and ".."); empty when it does not exist or cannot be read.
+  virtual std::vector<std::string> list_dir(const std::string& dir);
 
   // Writes `pieces` one after another as the whole content of `path`, atomically: into a
-  // temporary file beside it, fsync, rename over `path`, fsync of the directory. On success the
-  // file holds exactly the pieces; on failure (IoError, rethrown) the temporary file is removed
-  // and `path` is untouched: either its old content or, if it did not exist, no file.
+  // temporary file beside it (after removing the ones earlier writers of `path` left when they
+  // were killed: each path has one writer), fsync, rename over `path`, fsync of the directory.
+  // On success the file holds exactly the pieces; on failure (IoError, rethrown) the temporary
+  // file is removed and `path` is untouched: either its old content or, if it did not exist, no
+  // file.
   void write_file_atomically(const std::string& path, const std::vector<ConstBuffer>& pieces);
   // The same, with the content appended by `produce` (streamed from elsewhere).
   void write_file_atomically(const std::string& path,

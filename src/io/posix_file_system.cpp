@@ -1,5 +1,6 @@
 // The POSIX FileSystem (open/pread/write/fsync/rename) and write_file_atomically, which is built
 // only on the FileSystem primitives so that a wrapping FaultFileSystem sees every step of it.
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -214,9 +215,28 @@ void FileSystem::write_file_atomically(const std::string& path,
   });
 }
 
+std::vector<std::string> FileSystem::list_dir(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return names;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  ::closedir(d);
+  return names;
+}
+
 void FileSystem::write_file_atomically(const std::string& path,
                                        const std::function<void(WritableFile&)>& produce) {
   static std::atomic<uint64_t> counter{0};
+  // A writer of `path` killed between open and rename left its temporary file (NAME.tmp.PID.N)
+  // behind; this writer is the only one of `path` now, so it clears them.
+  const std::string dir = dir_name(path);
+  const std::string stale = path.substr(path.find_last_of('/') + 1) + ".tmp.";
+  for (const std::string& name : list_dir(dir)) {
+    if (name.rfind(stale, 0) == 0) remove_file(dir + "/" + name);
+  }
   const std::string tmp = detail::str_cat(path, ".tmp.", ::getpid(), ".", counter++);
   try {
     auto file = open_for_write(tmp);

@@ -16,6 +16,7 @@
 #include "dscpp/error.h"
 #include "io/file_system.h"
 #include "util/crc32c.h"
+#include "util/fault_inject.h"
 
 namespace dscpp::safetensors {
 namespace {
@@ -307,6 +308,7 @@ FileDigest save_streamed(const std::string& path, const std::vector<StreamedTens
     put(header.data(), header.size());
     at::Tensor piece;  // a streamed tensor's bytes, 16 MiB at a time
     for (const auto& t : tensors) {
+      fault::point(fault::Phase::save);
       if (t.tensor.defined()) {
         DSCPP_CHECK(t.tensor.is_contiguous() && t.tensor.device().is_cpu(), IoError,
                     "internal: streamed save of '", t.name, "' needs contiguous CPU memory");

@@ -508,8 +508,11 @@ void ChildGroup::begin_stop(int sig, const Child* except) {
     if (c->running && c.get() != except) c->stopped = true;
   }
   // Signal first, then close the lifelines: a node agent that saw its stdin close first could
-  // finish and restore its default SIGTERM action before our signal arrives.
+  // finish and restore its default SIGTERM action before our signal arrives. SIGCONT after the
+  // signal (as systemd and docker stop do): a stopped process gets to act on it now instead of
+  // waiting for the SIGKILL at the end of the grace.
   kill_all(sig, except);
+  if (sig != SIGKILL) kill_all(SIGCONT, except);
   for (auto& c : children_) close_fd(c->lifeline);
 }
 

@@ -14,6 +14,7 @@
 
 #include "dscpp/error.h"
 #include "dscpp/zero.h"
+#include "util/fault_inject.h"
 
 namespace dscpp::models {
 namespace {
@@ -242,6 +243,7 @@ at::Tensor GPTImpl::forward(const at::Tensor& idx) {
       *wte, [this](const at::Tensor& i) { return wte->forward(i); }, idx);
   auto x = embed + wpe->forward(pos);  // [B, T, C]
   for (const auto& block : *h) {
+    fault::point(fault::Phase::forward);
     // The holder is captured by value: zero::checkpoint keeps fn until backward.
     auto b = std::dynamic_pointer_cast<BlockImpl>(block);
     auto run = [b](const at::Tensor& y) { return b->forward(y); };

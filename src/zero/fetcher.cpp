@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "dscpp/error.h"
+#include "util/fault_inject.h"
 
 namespace dscpp::zero {
 namespace {
@@ -63,6 +64,7 @@ void ParamFetcher::gather(FetchUnit& u) {
   std::vector<at::Tensor> outputs;
   for (int r = 0; r < world; ++r) outputs.push_back(u.full.narrow(0, r * shard, shard));
   u.work = comm_.all_gather_into(outputs, u.shard);
+  fault::point(fault::Phase::all_gather);
 }
 
 void ParamFetcher::wait(FetchUnit& u) {

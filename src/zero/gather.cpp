@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "util/fault_inject.h"
+
 namespace dscpp::zero {
 
 void gather_in_place(comm::Communicator& comm, const at::Tensor& flat, int64_t shard,
@@ -18,6 +20,7 @@ void gather_in_place(comm::Communicator& comm, const at::Tensor& flat, int64_t s
     std::vector<at::Tensor> outputs;
     for (int r = 0; r < world; ++r) outputs.push_back(flat.narrow(0, r * shard + start, len));
     works.push_back(comm.all_gather_into(outputs, outputs[comm.rank()]));
+    fault::point(fault::Phase::all_gather);
   }
   for (auto& w : works) w->wait();
 }

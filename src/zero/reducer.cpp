@@ -8,11 +8,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "dscpp/error.h"
+#include "util/fault_inject.h"
 #include "util/log.h"
 #include "zero/unit_functions.h"
 
@@ -208,8 +210,24 @@ void GradReducer::on_grad_ready(int param) {
   }
   got_grad_[param] = 1;
   if (!reducing_) return;
+  if (options_.check_finite && (first_nonfinite_ < 0 || param < first_nonfinite_)) {
+    // Its whole gradient for this reduction is in .grad now (any dtype sums in fp32 or wider;
+    // a sum overflowing to Inf needs gradients near the dtype's limit, non-finite in any norm).
+    const at::Tensor& g = params_[param].grad();
+    if (g.defined() && !std::isfinite(g.sum().item<double>())) first_nonfinite_ = param;
+  }
   mark_ready_locked(param);
   retire_completed_locked();
+}
+
+int GradReducer::first_nonfinite() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return first_nonfinite_;
+}
+
+void GradReducer::clear_nonfinite() {
+  std::lock_guard<std::mutex> g(mu_);
+  first_nonfinite_ = -1;
 }
 
 bool GradReducer::late_gradient() const {
@@ -230,6 +248,7 @@ void GradReducer::launch_in_order_locked() {
     launch_locked(b);
     b.launched = true;
     ++next_bucket_;
+    fault::point(fault::Phase::backward);
   }
 }
 

@@ -64,6 +64,10 @@ struct ReduceOptions {
   bool overlap_comm = false;
   bool contiguous_gradients = true;
   bool reduce_scatter = true;
+  // Check each gradient this rank reduces for NaN/Inf before it is averaged (one sum per
+  // parameter), so a non-finite step can name the rank and parameter it came from. fp16 leaves
+  // it off: its loss scaler skips such steps.
+  bool check_finite = false;
 };
 
 // A group's place in the flat gradient space and in this rank's shard of everything.
@@ -103,6 +107,10 @@ class GradReducer {
   // Whether a gradient arrived after its bucket was reduced in this backward (an error was
   // raised from the hook; the gradients are incomplete).
   bool late_gradient() const;
+  // The first parameter (in model order) whose own gradient on this rank was NaN or Inf when it
+  // was reduced since the last clear_nonfinite(), or -1 (ReduceOptions::check_finite).
+  int first_nonfinite() const;
+  void clear_nonfinite();
   // Bytes of the gradient buffers held between steps (full buffer or shard), and of staging
   // buffers held for the whole run.
   virtual int64_t grad_bytes() const = 0;
@@ -202,6 +210,7 @@ class GradReducer {
   // it (counted ready before backward).
   std::vector<char> got_grad_;
   bool late_gradient_ = false;
+  int first_nonfinite_ = -1;
   size_t next_bucket_ = 0;
   // The hooked gradient accumulators (kept alive) and their hooks, removed on destruction so a
   // model that outlives its engine never calls into a dead reducer.

@@ -40,6 +40,35 @@ TEST(SyncReport, NamesRanksThatDidNotAnswer) {
   EXPECT_NE(s.find("rank(s) 1 did not answer"), std::string::npos) << s;
 }
 
+// Over TCP, a collective issued on one rank only (save_checkpoint inside `if (rank == 0)`)
+// leaves the ranks at the same number in different operations: said so, not "all ranks entered
+// the same collective".
+TEST(SyncReport, NamesRanksInDifferentOperationsAtTheSameNumber) {
+  std::vector<std::optional<RankRecord>> recs(2);
+  recs[0] = RankRecord{0, 16, OpDesc{OpKind::broadcast, at::kDouble, 1, 0}, 3, false};
+  recs[1] = RankRecord{1, 16, OpDesc{OpKind::reduce_scatter, at::kFloat, 128, -1}, 3, false};
+  std::string s = format_sync_report(1, 2, "collective #16 timed out", recs);
+  EXPECT_NE(s.find("entered different operations as collective #16: rank 0 entered "
+                   "broadcast(float64, 1 elements, root 0), rank 1 entered "
+                   "reduce_scatter(float32, 128 elements)"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(s.find("All ranks entered the same collective"), std::string::npos) << s;
+}
+
+// A stopped rank 0 cannot answer through the store it serves: the report says so and names it.
+TEST(SyncReport, NamesRankZeroWhenTheStoreIsSilent) {
+  std::vector<std::optional<RankRecord>> recs(3);
+  recs[1] = RankRecord{1, 4, OpDesc{OpKind::all_reduce, at::kFloat, 8, -1}, 2, false};
+  std::string s = format_sync_report(1, 3, "collective #4 timed out", recs, /*store_silent=*/true);
+  EXPECT_NE(s.find("unknown (the store did not answer)"), std::string::npos) << s;
+  EXPECT_NE(s.find("rank 0 did not answer: the store every rank reports through runs in rank "
+                   "0's process"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(s.find("rank(s)"), std::string::npos) << s;
+}
+
 TEST(SyncReport, RecordRoundTrips) {
   RankRecord r{3, 42, OpDesc{OpKind::broadcast, at::kDouble, 17, 2}, 9, false};
   auto p = RankRecord::parse(r.serialize());

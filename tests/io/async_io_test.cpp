@@ -1,17 +1,20 @@
 // AsyncIo: every backend moves the bytes it is asked to (in pieces, with several requests in
 // flight), refuses unaligned requests at once, and reports failures from wait() with the file
-// and range named; FaultAsyncIo injects what the offload tests need.
+// and range named; FaultAsyncIo injects what the offload tests need. Also the POSIX file
+// system's atomic write clearing what killed writers left.
 #include "io/async_io.h"
 
 #include <gtest/gtest.h>
 #include <sys/vfs.h>
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <thread>
 
 #include "dscpp/error.h"
 #include "io/fault_async_io.h"
+#include "io/file_system.h"
 #include "support/errors.h"
 #include "support/temp_dir.h"
 
@@ -186,6 +189,27 @@ TEST(FaultAsyncIo, InjectsEachFaultFromWait) {
     h->wait();
     EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(150));
   }
+}
+
+// A writer killed between creating its temporary file and renaming it (the fault suite's kill
+// inside a checkpoint save) leaves NAME.tmp.PID.N; the next atomic write of NAME removes it,
+// and only it: another path's temporaries belong to that path's writer.
+TEST(FileSystem, AtomicWriteClearsTheTemporariesOfKilledWritersOfThatPath) {
+  TempDir dir;
+  FileSystem& fs = default_file_system();
+  for (const char* name : {"rank0.safetensors.tmp.4242.0", "rank0.safetensors.tmp.4243.7",
+                           "rank1.safetensors.tmp.4244.0", "latest.tmp.4245.1"}) {
+    const std::string junk = "partial";
+    fs.write_file_atomically(dir.file(name), {{junk.data(), junk.size()}});
+  }
+  const std::string text = "whole";
+  fs.write_file_atomically(dir.file("rank0.safetensors"), {{text.data(), text.size()}});
+  auto names = fs.list_dir(dir.path());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"latest.tmp.4245.1", "rank0.safetensors",
+                                             "rank1.safetensors.tmp.4244.0"}));
+  EXPECT_EQ(fs.file_size(dir.file("rank0.safetensors")), text.size());
+  EXPECT_TRUE(fs.list_dir(dir.file("missing")).empty());
 }
 
 }  // namespace
