@@ -54,6 +54,31 @@ def check_ending(res, rc, hung, t_fault, t_end, bound):
         res["why"].append("dscpp launch exited 0")
 
 
+ALL_CASES = ["kill_" + p for p in PHASES] + [
+    "stop", "skip", "skip_tcp", "skip_tcp_debug", "save", "save_tcp", "save_tcp_debug", "wider",
+    "double", "nan_fp32", "nan_fp16"]
+
+
+def case_title(case):
+    """(the report's name of a case, its bound)."""
+    if case.startswith("kill_"):
+        return "SIGKILL at " + case[len("kill_"):], "%.0f s" % KILL_BOUND_S
+    if case == "stop":
+        return "SIGSTOP > timeout", "timeout + 10 s"
+    if case.startswith("nan_"):
+        return "NaN gradient, " + case[len("nan_"):], "job %.0f s" % API_BOUND_S
+    mode = case.split("_")[0]
+    title = {"skip": "API: a rank skips a micro-step",
+             "save": "API: save_checkpoint on one rank only",
+             "wider": "API: a wider model", "double": "API: a float64 model"}[mode]
+    title += " (TCP, DSCPP_DEBUG_SYNC=1)" if case.endswith("_debug") else \
+        " (TCP)" if "_tcp" in case else ""
+    return title, "job %.0f s" % API_BOUND_S
+
+
+CASE_ORDER = [case_title(c)[0] for c in ALL_CASES]
+
+
 class Suite:
     def __init__(self, args):
         self.args = args
@@ -255,9 +280,11 @@ class Suite:
         elif tag is not None and not whole:
             res["lost"] = 1
             res["why"].append("latest names %s, which verify refuses" % tag)
-        # A kill inside a save must leave a run that resumes from the last checkpoint (or
-        # starts afresh when there was none), saves again and clears what the kill left.
-        if phase == "save" and whole and not hung:
+        # A kill inside a save (at its points, or in the offload reads a save streams) must leave
+        # a run that resumes from the last checkpoint (or starts afresh when there was none),
+        # saves again and clears the partial file the killed writer left.
+        partial = [f for f in glob.glob(trial_dir + "/**/*", recursive=True) if ".tmp." in f]
+        if (phase == "save" or partial) and whole and not hung:
             rc2, out2, _, hung2 = self.run(
                 self.launch(world, self.train_program(trial_dir, stage, offload, resume=True),
                             self.next_port()), {})
@@ -448,34 +475,21 @@ class Suite:
         # The user-program cases are deterministic apart from the rank and step drawn: one trial
         # each in the quick mode.
         api_trials = self.args.trials or (1 if self.args.quick else 20)
-        cases = self.args.cases.split(",") if self.args.cases else \
-            ["kill_" + p for p in PHASES] + ["stop", "skip", "skip_tcp", "skip_tcp_debug", "save",
-                                             "save_tcp", "save_tcp_debug", "wider", "double",
-                                             "nan_fp32", "nan_fp16"]
+        cases = self.args.cases.split(",") if self.args.cases else ALL_CASES
         for case in cases:
+            if case not in ALL_CASES:
+                raise SystemExit("unknown case '%s' (cases: %s)" % (case, ",".join(ALL_CASES)))
+            title, bound = case_title(case)
             if case.startswith("kill_"):
-                phase = case[len("kill_"):]
-                self.record("SIGKILL at " + phase, "%.0f s" % KILL_BOUND_S,
-                            self.kill_case(phase, trials))
+                results = self.kill_case(case[len("kill_"):], trials)
             elif case == "stop":
-                self.record("SIGSTOP > timeout", "timeout + 10 s", self.stop_case(trials))
-            elif case in ("skip", "skip_tcp", "skip_tcp_debug", "save", "save_tcp",
-                          "save_tcp_debug", "wider", "double"):
-                mode = case.split("_")[0]
-                tcp, debug = "_tcp" in case, case.endswith("_debug")
-                name = {"skip": "API: a rank skips a micro-step",
-                        "save": "API: save_checkpoint on one rank only",
-                        "wider": "API: a wider model", "double": "API: a float64 model"}[mode]
-                name += {(False, False): "", (True, False): " (TCP)",
-                         (True, True): " (TCP, DSCPP_DEBUG_SYNC=1)"}[(tcp, debug)]
-                self.record(name, "job %.0f s" % API_BOUND_S,
-                            self.api_case(mode, debug, tcp, api_trials))
-            elif case in ("nan_fp32", "nan_fp16"):
-                fp16 = case == "nan_fp16"
-                self.record("NaN gradient, " + ("fp16" if fp16 else "fp32"), "job %.0f s" %
-                            API_BOUND_S, self.nan_case(fp16, api_trials))
+                results = self.stop_case(trials)
+            elif case.startswith("nan_"):
+                results = self.nan_case(case == "nan_fp16", api_trials)
             else:
-                raise SystemExit("unknown case '%s'" % case)
+                results = self.api_case(case.split("_")[0], case.endswith("_debug"),
+                                        "_tcp" in case, api_trials)
+            self.record(title, bound, results)
         # Leaks over the whole suite: anything of any trial still running, or a segment the
         # per-trial checks missed.
         stray = subprocess.run(["pgrep", "-f", self.work], capture_output=True,
@@ -517,35 +531,47 @@ FIXES = {
                            "report wait 5 s for its answer (0.7 s instead of 5.5 s)",
     "SIGKILL at save": "an atomic write clears the temporary files killed writers of the same "
                        "path left (they piled up in checkpoint folders)",
+    "SIGKILL at offload_io": "(suite) a kill in the reads a save streams from the swap file "
+                             "leaves a partial file too: the suite resumes after any trial that "
+                             "left one, and the resumed run's save clears it",
     "SIGSTOP > timeout": "the sync report no longer blocks in the store when rank 0 is stopped "
                          "(the job hung until killed); the launcher sends SIGCONT after SIGTERM",
 }
 
 
 def write_report(args, suite):
-    lines = [
-        "Written by `scripts/fault_suite.sh` (`tests/faults/fault_suite.py --report`) on %s, "
-        "seed %d, %d jobs. Each trial is a real `dscpp launch` job of 2-4 processes on this "
-        "2-core machine; faults are placed with `DSCPP_FAULT_INJECT` (`src/util/fault_inject.h`)."
-        % (time.strftime("%Y-%m-%d"), args.seed, suite.jobs),
-        "",
-        "| case | bound | trials | passed | worst time to exit | left behind | checkpoints lost "
-        "| fixed to get there |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in suite.rows:
-        worst = "%.1f s" % r["worst_s"] if r["worst_s"] is not None else "-"
-        lines.append("| %s | %s | %d | %d | %s | %d | %d | %s |" % (
-            r["case"], r["bound"], r["trials"], r["within"], worst, r["left"], r["lost"],
-            FIXES.get(r["case"], "")))
-    lines += ["", "Reproduce: `scripts/fault_suite.sh --seed %d`." % args.seed]
-    table = "\n".join(lines)
-    # Only the part between the markers is the suite's; the rest of the page is written by hand.
+    """Rewrites the rows of the cases this run had in the table between the markers of
+    args.report, keeping the other rows (each row says the seed that reproduces it)."""
     begin, end = "<!-- fault suite: begin -->", "<!-- fault suite: end -->"
     text = open(args.report).read() if os.path.exists(args.report) else "%s\n%s\n" % (begin, end)
     if begin not in text or end not in text:
         raise SystemExit("%s has no '%s' ... '%s' markers" % (args.report, begin, end))
-    text = text[:text.index(begin) + len(begin)] + "\n" + table + "\n" + text[text.index(end):]
+    old = text[text.index(begin) + len(begin):text.index(end)]
+    rows = {}
+    for line in old.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 9 and cells[0] != "case":
+            rows[cells[0]] = line
+    day = time.strftime("%Y-%m-%d")
+    for r in suite.rows:
+        worst = "%.1f s" % r["worst_s"] if r["worst_s"] is not None else "-"
+        rows[r["case"]] = "| %s | %s | %d | %d | %s | %d | %d | %s, %s | %s |" % (
+            r["case"], r["bound"], r["trials"], r["within"], worst, r["left"], r["lost"],
+            "%d%s" % (args.seed, " (--cases %s)" % args.cases if args.cases else ""), day,
+            FIXES.get(r["case"], ""))
+    order = [c for c in CASE_ORDER if c in rows] + sorted(c for c in rows if c not in CASE_ORDER)
+    lines = [
+        "Rows written by `scripts/fault_suite.sh` (`tests/faults/fault_suite.py --report`), each "
+        "by the run its seed cell names: `scripts/fault_suite.sh --seed S [--cases ...]` draws "
+        "the same trials again. Each trial is a real `dscpp launch` job of 2-4 processes on this "
+        "2-core machine.",
+        "",
+        "| case | bound | trials | passed | worst time to exit | left behind | checkpoints lost "
+        "| seed, date | fixed to get there |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ] + [rows[c] for c in order]
+    text = text[:text.index(begin) + len(begin)] + "\n" + "\n".join(lines) + "\n" + \
+        text[text.index(end):]
     with open(args.report, "w") as f:
         f.write(text)
 
