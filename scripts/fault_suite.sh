@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The fault suite (docs/reliability.md): real `dscpp launch` jobs killed, stopped, cut off and
 # fed bad input, with the outcome of every trial checked and counted.
-#   scripts/fault_suite.sh --quick    2 trials per case on 2 ranks (the test suite runs this)
+#   scripts/fault_suite.sh --quick    2 trials per kill/stop case, 1 per user-program case, on 2
+#                                     ranks (ctest runs this as faults.quick)
 #   scripts/fault_suite.sh            20 trials per case on 2-4 ranks; rewrites the table in
 #                                     docs/reliability.md
 # Other options go to tests/faults/fault_suite.py (--seed N, --trials N, --cases a,b).

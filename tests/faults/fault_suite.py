@@ -56,7 +56,7 @@ def check_ending(res, rc, hung, t_fault, t_end, bound):
 
 ALL_CASES = ["kill_" + p for p in PHASES] + [
     "stop", "skip", "skip_tcp", "skip_tcp_debug", "save", "save_tcp", "save_tcp_debug", "wider",
-    "double", "nan_fp32", "nan_fp16"]
+    "double", "nan_fp32", "nan_fp16", "corrupt", "disk"]
 
 
 def case_title(case):
@@ -65,6 +65,10 @@ def case_title(case):
         return "SIGKILL at " + case[len("kill_"):], "%.0f s" % KILL_BOUND_S
     if case == "stop":
         return "SIGSTOP > timeout", "timeout + 10 s"
+    if case == "corrupt":
+        return "damaged checkpoint, --resume", "job %.0f s" % API_BOUND_S
+    if case == "disk":
+        return "checkpoint disk full or read-only", "job %.0f s" % API_BOUND_S
     if case.startswith("nan_"):
         return "NaN gradient, " + case[len("nan_"):], "job %.0f s" % API_BOUND_S
     mode = case.split("_")[0]
@@ -89,6 +93,7 @@ class Suite:
         self.rows = []          # one per case: its summary
         self.failures = []      # (case, trial, why, output tail)
         self.calibration = {}   # (config key, world) -> {rank: {phase: visits}}
+        self.clean = {}         # seed -> folder of a finished run with checkpoints
         self.jobs = 0
         self.failing_jobs = 0   # jobs that ended non-zero (the leak check counts them)
         self.shm_before = set(os.listdir("/dev/shm"))
@@ -378,6 +383,151 @@ class Suite:
         shutil.rmtree(trial_dir, ignore_errors=True)
         return res, out
 
+    def clean_checkpoints(self, seed):
+        """A folder of a finished 2-rank run (stage 2, checkpoints global_step2 and 4), made once
+        per seed and copied by each corruption trial."""
+        if seed not in self.clean:
+            trial_dir = tempfile.mkdtemp(prefix="clean_", dir=self.work)
+            argv = self.train_program(trial_dir, 2, False, steps=4) + ["--seed", str(seed)]
+            rc, out, _, hung = self.run(self.launch(2, argv, self.next_port()), {})
+            if rc != 0 or hung:
+                raise SystemExit("the clean run for the corruption cases failed:\n" + out[-3000:])
+            self.clean[seed] = trial_dir
+        return self.clean[seed]
+
+    def corrupt_case(self, trials):
+        """A damaged checkpoint: a flipped byte in a rank's file, a truncated manifest, `latest`
+        naming a tag that does not exist, a rank's file from another run. `--resume` must refuse
+        it naming the file, load nothing, and leave the other checkpoint whole."""
+        kinds = ["flip", "latest", "truncate", "foreign"]
+        results = []
+        for t in range(trials):
+            kind = kinds[t % len(kinds)]
+            rank = self.rng.randrange(2)
+            trial_dir = tempfile.mkdtemp(prefix="corrupt_%s_" % kind, dir=self.work)
+            ckpt = os.path.join(trial_dir, "ckpt")
+            shutil.copytree(os.path.join(self.clean_checkpoints(1234), "ckpt"), ckpt)
+            shard = "rank%05d-of-00002.safetensors" % rank
+            target = os.path.join(ckpt, "global_step4", shard)
+            if kind == "flip":
+                size = os.path.getsize(target)
+                at = self.rng.randrange(size // 2, size)
+                with open(target, "r+b") as f:
+                    f.seek(at)
+                    byte = f.read(1)
+                    f.seek(at)
+                    f.write(bytes([byte[0] ^ 0x10]))
+                expected = re.escape(shard) + r": CRC-32C .*\(corrupted\)"
+            elif kind == "truncate":
+                target = os.path.join(ckpt, "global_step4", "manifest.json")
+                with open(target, "r+b") as f:
+                    f.truncate(os.path.getsize(target) // 2)
+                expected = re.escape(target)
+            elif kind == "latest":
+                with open(os.path.join(ckpt, "latest"), "w") as f:
+                    f.write("global_step9\n")
+                expected = r"names tag 'global_step9', but '.*global_step9' does not exist"
+            else:
+                other = os.path.join(self.clean_checkpoints(4321), "ckpt", "global_step4", shard)
+                shutil.copyfile(other, target)
+                expected = re.escape(shard) + r": CRC-32C"
+            port = self.next_port()
+            t0 = time.time()
+            rc, out, t_end, hung = self.run(
+                self.launch(2, self.train_program(trial_dir, 2, False, steps=6, resume=True),
+                            port), {})
+            res = {"what": "%s (rank %d's file)" % (kind, rank), "ok": True, "why": [],
+                   "exit_s": t_end - t0, "left": [], "lost": 0}
+            if hung:
+                res["why"].append("the job was still running after %.0f s" % JOB_LIMIT_S)
+            if rc == 0 or "resumed from" in out:
+                res["why"].append("the damaged checkpoint was loaded")
+            if not re.search(expected, out):
+                res["why"].append("the damage is not named (expected /%s/)" % expected)
+            if res["exit_s"] > API_BOUND_S:
+                res["why"].append("the job took %.1f s (bound %.0f s)" % (res["exit_s"],
+                                                                         API_BOUND_S))
+            v = subprocess.run([self.dscpp, "checkpoint", "verify", ckpt, "--tag", "global_step2"],
+                               capture_output=True, text=True)
+            if v.returncode != 0:
+                res["lost"] = 1
+                res["why"].append("global_step2 no longer verifies: " + v.stdout + v.stderr)
+            res["left"] = self.leftovers(trial_dir, port)
+            if res["left"]:
+                res["why"].append("left behind: " + "; ".join(res["left"]))
+            shutil.rmtree(trial_dir, ignore_errors=True)
+            results.append(self.finish("corrupt", t, res, out))
+        return results
+
+    def disk_case(self, trials):
+        """The checkpoint folder on a small file system of its own (tmpfs, mounted by the
+        suite; needs root): full after the first checkpoint, or made read-only after it. The
+        run must stop with the file system's error and the path named, and the checkpoint
+        before must stay whole and resume."""
+        if os.geteuid() != 0:
+            raise SystemExit("the disk case mounts file systems: run the suite as root, or "
+                             "leave it out with --cases")
+        results = []
+        for t in range(trials):
+            kind = ["full", "readonly"][t % 2]
+            stage = [0, 1, 2, 3][t % 4]
+            trial_dir = tempfile.mkdtemp(prefix="disk_%s_" % kind, dir=self.work)
+            ckpt = os.path.join(trial_dir, "ckpt")
+            os.makedirs(ckpt)
+            # A checkpoint of the 2-layer GPT is about 1.2 MiB: 2 MiB holds one, not two.
+            size = "2m" if kind == "full" else "16m"
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=" + size, "tmpfs", ckpt],
+                           check=True)
+            port = self.next_port()
+            try:
+                if kind == "readonly":
+                    rc0, out0, _, _ = self.run(
+                        self.launch(2, self.train_program(trial_dir, stage, False, steps=2),
+                                    self.next_port()), {})
+                    if rc0 != 0:
+                        raise SystemExit("disk case: the first run failed:\n" + out0[-3000:])
+                    subprocess.run(["mount", "-o", "remount,ro", ckpt], check=True)
+                t0 = time.time()
+                rc, out, t_end, hung = self.run(
+                    self.launch(2, self.train_program(trial_dir, stage, False, steps=6,
+                                                      resume=kind == "readonly"), port), {})
+                res = {"what": "%s, stage %d" % (kind, stage), "ok": True, "why": [],
+                       "exit_s": t_end - t0, "left": [], "lost": 0}
+                if hung:
+                    res["why"].append("the job was still running after %.0f s" % JOB_LIMIT_S)
+                if rc == 0:
+                    res["why"].append("the job exited 0")
+                expected = r"No space left on device" if kind == "full" else \
+                    r"Read-only file system"
+                if not re.search(expected, out) or ckpt not in out:
+                    res["why"].append("the error does not name /%s/ and the folder" % expected)
+                if res["exit_s"] > API_BOUND_S:
+                    res["why"].append("the job took %.1f s (bound %.0f s)" % (res["exit_s"],
+                                                                             API_BOUND_S))
+                tag, whole = self.checkpoint_state(ckpt)
+                if tag != "global_step2" or not whole:
+                    res["lost"] = 1
+                    res["why"].append("latest is %s (whole: %s), not global_step2" % (tag, whole))
+                res["left"] = self.leftovers(trial_dir, port)
+            finally:
+                # Resume from a copy on a roomy disk: the checkpoint before the fault must load.
+                saved = os.path.join(trial_dir, "saved")
+                shutil.copytree(ckpt, saved)
+                subprocess.run(["umount", ckpt], check=True)
+            shutil.rmtree(ckpt)
+            shutil.move(saved, ckpt)
+            rc2, out2, _, _ = self.run(
+                self.launch(2, self.train_program(trial_dir, stage, False, steps=4, resume=True),
+                            self.next_port()), {})
+            if rc2 != 0 or "resumed from %s/global_step2" % ckpt not in out2:
+                res["lost"] = 1
+                res["why"].append("resuming from global_step2 failed: " + out2[-1500:])
+            if res["left"]:
+                res["why"].append("left behind: " + "; ".join(res["left"]))
+            shutil.rmtree(trial_dir, ignore_errors=True)
+            results.append(self.finish("disk " + kind, t, res, out))
+        return results
+
     def trainer_draw(self, t, first_step):
         """Trial t's stage (0-3 in turn), world size, faulty rank and step (first_step..4)."""
         world = 2 if self.args.quick else [2, 3, 4][t % 3]
@@ -486,6 +636,9 @@ class Suite:
                 results = self.stop_case(trials)
             elif case.startswith("nan_"):
                 results = self.nan_case(case == "nan_fp16", api_trials)
+            elif case in ("corrupt", "disk"):
+                n = trials if self.args.trials or not self.args.quick else 2
+                results = self.corrupt_case(n) if case == "corrupt" else self.disk_case(n)
             else:
                 results = self.api_case(case.split("_")[0], case.endswith("_debug"),
                                         "_tcp" in case, api_trials)
@@ -511,8 +664,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build", help="the build folder (dscpp, fault_trainer)")
-    ap.add_argument("--quick", action="store_true", help="2 trials per case, 2 ranks (CI)")
-    ap.add_argument("--trials", type=int, default=0, help="trials per case (default 20, quick 2)")
+    ap.add_argument("--quick", action="store_true",
+                    help="2 trials per kill/stop case, 1 per user-program case, 2 ranks (CI)")
+    ap.add_argument("--trials", type=int, default=0, help="trials per case (default 20)")
     ap.add_argument("--cases", default="", help="comma-separated cases (default: all)")
     ap.add_argument("--seed", type=int, default=int(time.time()) % 100000)
     ap.add_argument("--report", default="", help="write the table (markdown) here")
