@@ -91,6 +91,7 @@ GradReducer::GradReducer(std::vector<at::Tensor> params, std::vector<std::string
     bucket_of_param_[i] = static_cast<int>(buckets_.size()) - 1;
   }
   got_grad_.assign(params_.size(), 0);
+  finite_.assign(params_.size(), at::Tensor());
   DSCPP_LOG_DEBUG("gradient buckets: {} over {} parameters (reduce_bucket_size {})",
                   buckets_.size(), params_.size(), options_.reduce_bucket_size);
 }
@@ -210,11 +211,17 @@ void GradReducer::on_grad_ready(int param) {
   }
   got_grad_[param] = 1;
   if (!reducing_) return;
-  if (options_.check_finite && (first_nonfinite_ < 0 || param < first_nonfinite_)) {
+  if (options_.check_finite) {
     // Its whole gradient for this reduction is in .grad now (any dtype sums in fp32 or wider;
     // a sum overflowing to Inf needs gradients near the dtype's limit, non-finite in any norm).
+    // The flag stays a tensor: reading it here would wait for the device once per parameter in
+    // backward; only the error path (first_nonfinite) reads it.
     const at::Tensor& g = params_[param].grad();
-    if (g.defined() && !std::isfinite(g.sum().item<double>())) first_nonfinite_ = param;
+    if (g.defined()) {
+      at::Tensor finite = at::isfinite(g.sum());
+      at::Tensor& flag = finite_[param];
+      flag = flag.defined() ? at::logical_and(flag, finite) : finite;
+    }
   }
   mark_ready_locked(param);
   retire_completed_locked();
@@ -222,12 +229,15 @@ void GradReducer::on_grad_ready(int param) {
 
 int GradReducer::first_nonfinite() const {
   std::lock_guard<std::mutex> g(mu_);
-  return first_nonfinite_;
+  for (size_t p = 0; p < finite_.size(); ++p) {
+    if (finite_[p].defined() && !finite_[p].item<bool>()) return static_cast<int>(p);
+  }
+  return -1;
 }
 
 void GradReducer::clear_nonfinite() {
   std::lock_guard<std::mutex> g(mu_);
-  first_nonfinite_ = -1;
+  for (at::Tensor& flag : finite_) flag = at::Tensor();
 }
 
 bool GradReducer::late_gradient() const {

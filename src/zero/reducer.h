@@ -210,7 +210,9 @@ class GradReducer {
   // it (counted ready before backward).
   std::vector<char> got_grad_;
   bool late_gradient_ = false;
-  int first_nonfinite_ = -1;
+  // Per parameter, with check_finite: whether its gradients reduced since clear_nonfinite()
+  // were all finite (a bool tensor on the device; undefined before the first).
+  std::vector<at::Tensor> finite_;
   size_t next_bucket_ = 0;
   // The hooked gradient accumulators (kept alive) and their hooks, removed on destruction so a
   // model that outlives its engine never calls into a dead reducer.
