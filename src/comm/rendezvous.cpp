@@ -71,14 +71,17 @@ c10::intrusive_ptr<c10d::Store> connect_store(const ProcessEnv& pe, bool server,
   } catch (const std::exception& e) {
     std::string what = e.what();
     what = what.substr(0, what.find('\n'));
-    if (server) {
+    if (what.size() > 1 && what.back() == '.') what.pop_back();
+    // Rank 0 listens on every address, then connects to its own server at MASTER_ADDR like the
+    // others: a failure of that connection (libtorch's "client socket") is not a busy port.
+    if (server && what.find("client socket") == std::string::npos) {
       DSCPP_FAIL(CommError, "rank 0 could not start the rendezvous server on port ",
                  pe.master_port, " (MASTER_ADDR=", pe.master_addr, "): ", what,
                  ". HINT: the port is probably in use by another job; choose a free one with "
                  "'dscpp launch --master_port N' or MASTER_PORT");
     }
-    DSCPP_FAIL(CommError, "rank ", pe.rank, " could not reach the master at ", pe.master_addr,
-               ":", pe.master_port, " after trying for ",
+    DSCPP_FAIL(CommError, "rank ", pe.rank, " could not reach the master at ", pe.master_addr, ":",
+               pe.master_port, server ? " (its own rendezvous server)" : "", " after trying for ",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                " s: ", what, ". ", connect_hint(pe));
   }

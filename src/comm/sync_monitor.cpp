@@ -57,7 +57,7 @@ std::string format_sync_report(int reporter, int world_size, const std::string& 
     if (!rec) {
       missing.push_back(r);
       out += fmt::format("  {:>4}  {:>5}  {}\n", r, "-",
-                         "no answer (process dead, or hung outside dscpp)");
+                         "no answer (process dead, hung outside dscpp, or unreachable)");
       continue;
     }
     max_seq = std::max(max_seq, rec->seq);
@@ -97,9 +97,10 @@ std::string format_sync_report(int reporter, int world_size, const std::string& 
   }
   if (!missing.empty()) {
     out += fmt::format(
-        "rank(s) {} did not answer: the process died or is stuck outside dscpp's collectives.\n"
+        "rank(s) {} did not answer: the process died, is stuck outside dscpp's collectives, or "
+        "cannot reach rank 0's host over the network.\n"
         "HINT: look at the output of rank(s) {} (dscpp launch prints the last lines of a rank "
-        "that died).\n",
+        "that died), and whether their hosts still reach each other ('dscpp check').\n",
         join_ranks(missing), join_ranks(missing));
   }
   // Ranks at the same number but in different operations: one issued a collective the others

@@ -114,6 +114,23 @@ TEST(Rendezvous, PortInUseIsNamed) {
   EXPECT_NE(r.output.find("--master_port"), std::string::npos) << r.output;
 }
 
+TEST(Rendezvous, RankZeroThatCannotReachItsOwnServerIsNotABusyPort) {
+  // Rank 0 listens on every address, then connects to MASTER_ADDR like the others: an address
+  // that does not lead back to it (198.51.100.1 is reserved for documentation) is an unreachable
+  // master, not a port in use (the fault suite's net_no_master case found the wrong hint).
+  int port = free_port();
+  auto r = run_command("RANK=0 WORLD_SIZE=2 MASTER_ADDR=198.51.100.1 MASTER_PORT=" +
+                       std::to_string(port) + " DSCPP_RENDEZVOUS_TIMEOUT=2 " + kWorker +
+                       " rendezvous");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("rank 0 could not reach the master at 198.51.100.1:" +
+                          std::to_string(port) + " (its own rendezvous server)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("in use"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 20);
+}
+
 TEST(Rendezvous, MissingRanksAreNamed) {
   // Rank 0 of a world of 3 waits alone: ranks 1 and 2 never come.
   auto r = run_command("RANK=0 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
