@@ -22,6 +22,7 @@
 
 #include "comm/ring.h"
 #include "dscpp/error.h"
+#include "util/shm_names.h"
 
 namespace dscpp::comm {
 namespace {
@@ -225,7 +226,9 @@ std::unique_ptr<ShmGroup> ShmGroup::create(c10d::Store& store, const std::string
     std::string name;
     try {
       static std::atomic<uint64_t> serial{0};
-      name = fmt::format("/dscpp-{}-{}-{:x}", ::getpid(), serial++, std::random_device{}());
+      // NOTE [shared-memory names] in util/shm_names.h.
+      name = fmt::format("/{}{}-{}-{:x}", shm_segment_prefix(::getpgrp()), ::getpid(), serial++,
+                         std::random_device{}());
       seg.base = map_segment(name, true, bytes, &error);
     } catch (const std::exception& e) {
       error = e.what();

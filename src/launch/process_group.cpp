@@ -5,10 +5,12 @@
 // signal number into a self-pipe read by run().
 #include "launch/process_group.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -21,6 +23,7 @@
 
 #include "dscpp/error.h"
 #include "util/log.h"
+#include "util/shm_names.h"
 
 namespace dscpp::launch {
 namespace {
@@ -135,6 +138,21 @@ std::vector<std::string> file_tail(const std::string& path, size_t n) {
   if (start > 0 && !lines.empty()) lines.erase(lines.begin());  // likely cut in the middle
   if (lines.size() > n) lines.erase(lines.begin(), lines.end() - static_cast<ptrdiff_t>(n));
   return lines;
+}
+
+// Removes the shared-memory names the processes of group `pgid` left in /dev/shm (NOTE
+// [shared-memory names] in util/shm_names.h); memory still mapped stays valid.
+void remove_shm_segments(pid_t pgid) {
+  DIR* dir = ::opendir("/dev/shm");
+  if (!dir) return;
+  const std::string prefix = shm_segment_prefix(pgid);
+  while (const dirent* e = ::readdir(dir)) {
+    if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) != 0) continue;
+    if (::shm_unlink(("/" + std::string(e->d_name)).c_str()) == 0) {
+      DSCPP_LOG_DEBUG("removed /dev/shm/{}, left by process group {}", e->d_name, pgid);
+    }
+  }
+  ::closedir(dir);
 }
 
 }  // namespace
@@ -479,7 +497,10 @@ void ChildGroup::reap(Child& c, int wait_status) {
   // The group id cannot have been reused yet: it stays allocated while any member lives, and
   // an empty group just makes kill() fail with ESRCH (we signal right after waitpid(), before
   // the number could be handed to a new process).
-  if (!c.status.ok() || stopping_) ::kill(-c.pid, SIGKILL);
+  if (!c.status.ok() || stopping_) {
+    ::kill(-c.pid, SIGKILL);
+    remove_shm_segments(c.pid);
+  }
   if (!c.status.ok() && !stopping_) {
     set_cause(Failure{c.spec.name, c.status.describe(), c.status.launcher_code(), last_lines_of(c)},
               &c);

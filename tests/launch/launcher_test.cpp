@@ -569,6 +569,21 @@ TEST(LaunchProcess, KilledRankIsReportedWithItsSignal) {
   EXPECT_TRUE(contains(r.err, "  | going down\n")) << dump(r);
 }
 
+TEST(LaunchProcess, KilledRankLeavesNoSharedMemoryName) {
+  // Rank 0 killed while its shared-memory segment is named (NOTE [shared-memory names] in
+  // src/util/shm_names.h): the launcher removes the name with the rank's process group.
+  Result r =
+      launch({"--num_procs", "2", "sh", "-c",
+              "if [ $RANK = 0 ]; then f=/dev/shm/dscpp-$(cut -d' ' -f5 /proc/$$/stat)-$$-0-t; "
+              ": > $f; echo \"segment $f\"; sleep 0.2; kill -9 $$; fi; exec sleep 60"});
+  EXPECT_EQ(r.code, 128 + 9) << dump(r);
+  const size_t at = r.out.find("segment /dev/shm/dscpp-");
+  ASSERT_NE(at, std::string::npos) << dump(r);
+  const std::string path = r.out.substr(at + 8, r.out.find('\n', at) - at - 8);
+  EXPECT_FALSE(fs::exists(path)) << path << " is left\n" << dump(r);
+  fs::remove(path);
+}
+
 TEST(LaunchProcess, RankIgnoringSigtermIsKilledAfterGrace) {
   Result r = launch({"--num_procs", "2", "sh", "-c",
                      "if [ $RANK = 0 ]; then sleep 0.3; exit 1; fi; trap '' TERM; "
