@@ -15,6 +15,8 @@ packages=(
   protobuf-compiler libprotobuf-dev # TensorBoard event files (the tensorboard monitor)
   gnuplot-nox                       # dscpp plot
   python3-torch python3-numpy       # tests/golden/gpt_reference.py, the PyTorch golden reference
+  clang-14 libclang-rt-14-dev       # the parsers under ASan, UBSan and libFuzzer (tests/faults)
+  e2fsprogs mount                   # the fault suite's small ext4 file system for nvme_path
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,6 +1,9 @@
 // Implements the save side of a checkpoint folder (publish.h).
 #include "checkpoint/publish.h"
 
+#include <cerrno>
+#include <cstring>
+
 #include "checkpoint/verify.h"
 #include "dscpp/error.h"
 #include "io/file_system.h"
@@ -38,8 +41,9 @@ void publish(const std::string& dir, const Manifest& m, io::FileSystem* fsp) {
   check_tag(m.tag);
   const std::string text = m.to_json();
   fs.write_file_atomically(dir + "/" + m.tag + "/manifest.json", {{text.data(), text.size()}});
-  fault::point(fault::Phase::save);
   const std::string latest = m.tag + "\n";
+  DSCPP_CHECK(!fault::point(fault::Phase::save), IoError, "writing '", dir,
+              "/latest' failed: ", std::strerror(EIO));
   fs.write_file_atomically(dir + "/latest", {{latest.data(), latest.size()}});
 }
 

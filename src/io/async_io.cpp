@@ -173,6 +173,10 @@ class Workers final : public AsyncIo {
         std::make_shared<Request>(fmt::format("{} {} bytes at offset {} of '{}'",
                                               write ? "writing" : "reading", n, offset, fd->path),
                                   pieces);
+    if (fault::point(fault::Phase::offload_io)) {  // DSCPP_FAULT_INJECT=eio: the device fails
+      for (int64_t i = 0; i < pieces; ++i) request->piece_done(std::string(strerror(EIO)));
+      return request;
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (size_t at = 0; at < n; at += block) {
@@ -180,7 +184,6 @@ class Workers final : public AsyncIo {
       }
     }
     cv_.notify_all();
-    fault::point(fault::Phase::offload_io);
     return request;
   }
 

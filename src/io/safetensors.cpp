@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -15,6 +16,7 @@
 
 #include "dscpp/error.h"
 #include "io/file_system.h"
+#include "io/safetensors_header.h"
 #include "util/crc32c.h"
 #include "util/fault_inject.h"
 
@@ -26,165 +28,12 @@ static_assert(std::endian::native == std::endian::little,
 
 using ordered_json = nlohmann::ordered_json;
 
-constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // the reference implementation's limit
-constexpr const char* kMetadataKey = "__metadata__";
+// libtorch's types of the format's dtypes, in kDtypeNames' order.
+constexpr at::ScalarType kTypes[] = {at::kBool, at::kByte, at::kChar,     at::kShort, at::kInt,
+                                     at::kLong, at::kHalf, at::kBFloat16, at::kFloat, at::kDouble};
+static_assert(sizeof(kTypes) / sizeof(kTypes[0]) == kNumDtypes);
 
-struct DtypeInfo {
-  const char* name;
-  at::ScalarType type;
-};
-
-constexpr DtypeInfo kDtypes[] = {
-    {"BOOL", at::kBool}, {"U8", at::kByte},    {"I8", at::kChar},  {"I16", at::kShort},
-    {"I32", at::kInt},   {"I64", at::kLong},   {"F16", at::kHalf}, {"BF16", at::kBFloat16},
-    {"F32", at::kFloat}, {"F64", at::kDouble},
-};
-// Names the format defines that libtorch 1.13 cannot hold.
-constexpr const char* kUnsupportedDtypes[] = {"U16", "U32", "U64", "F8_E5M2", "F8_E4M3"};
-
-// One tensor's header entry after validation.
-struct Entry {
-  std::string name;
-  at::ScalarType type;
-  std::vector<int64_t> shape;
-  uint64_t begin = 0;  // bytes, relative to the start of the data section
-  uint64_t end = 0;
-};
-
-struct Header {
-  std::vector<Entry> entries;  // file (header) order
-  std::map<std::string, std::string> metadata;
-};
-
-at::ScalarType parse_dtype(const std::string& name, const std::string& source,
-                           const std::string& tensor) {
-  for (const auto& d : kDtypes) {
-    if (name == d.name) return d.type;
-  }
-  for (const char* u : kUnsupportedDtypes) {
-    DSCPP_CHECK(name != u, IoError, "'", source, "': tensor '", tensor, "' has dtype ", name,
-                ", which libtorch cannot hold. HINT: convert it (e.g. to I32/F32) when writing.");
-  }
-  DSCPP_FAIL(IoError, "'", source, "': tensor '", tensor, "' has unknown dtype \"", name, "\"");
-}
-
-// Parses and validates the JSON header against a data section of `data_len` bytes.
-Header parse_header(const std::string& text, uint64_t data_len, const std::string& source) {
-  // Duplicate top-level names would silently shadow each other: reject them.
-  std::set<std::string> seen;
-  std::string duplicate;
-  ordered_json::parser_callback_t cb = [&](int depth, nlohmann::json::parse_event_t event,
-                                           ordered_json& parsed) {
-    if (depth == 1 && event == nlohmann::json::parse_event_t::key) {
-      auto key = parsed.get<std::string>();
-      if (!seen.insert(key).second && duplicate.empty()) duplicate = key;
-    }
-    return true;
-  };
-  ordered_json j;
-  try {
-    j = ordered_json::parse(text, cb);
-  } catch (const nlohmann::json::exception& e) {
-    DSCPP_FAIL(IoError, "'", source, "': the safetensors header is not valid JSON (", e.what(),
-               "). HINT: the file is corrupt or not a safetensors file.");
-  }
-  DSCPP_CHECK(duplicate.empty(), IoError, "'", source, "': tensor '", duplicate,
-              "' appears twice in the header");
-  DSCPP_CHECK(j.is_object(), IoError, "'", source, "': the safetensors header is not an object");
-
-  Header h;
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string& name = it.key();
-    const auto& v = it.value();
-    if (name == kMetadataKey) {
-      DSCPP_CHECK(v.is_object() || v.is_null(), IoError, "'", source,
-                  "': __metadata__ must be an object of strings");
-      if (v.is_null()) continue;
-      for (auto m = v.begin(); m != v.end(); ++m) {
-        DSCPP_CHECK(m.value().is_string(), IoError, "'", source, "': __metadata__ value of '",
-                    m.key(), "' is not a string");
-        h.metadata[m.key()] = m.value().get<std::string>();
-      }
-      continue;
-    }
-    DSCPP_CHECK(!name.empty(), IoError, "'", source, "': a tensor has an empty name");
-    DSCPP_CHECK(v.is_object(), IoError, "'", source, "': the entry of tensor '", name,
-                "' is not an object");
-    for (auto f = v.begin(); f != v.end(); ++f) {
-      DSCPP_CHECK(f.key() == "dtype" || f.key() == "shape" || f.key() == "data_offsets", IoError,
-                  "'", source, "': tensor '", name, "' has an unknown field \"", f.key(), "\"");
-    }
-    DSCPP_CHECK(v.contains("dtype") && v["dtype"].is_string(), IoError, "'", source, "': tensor '",
-                name, "' has no string \"dtype\"");
-    DSCPP_CHECK(v.contains("shape") && v["shape"].is_array(), IoError, "'", source, "': tensor '",
-                name, "' has no \"shape\" array");
-    DSCPP_CHECK(
-        v.contains("data_offsets") && v["data_offsets"].is_array() && v["data_offsets"].size() == 2,
-        IoError, "'", source, "': tensor '", name,
-        "' has no \"data_offsets\" array of two numbers");
-    Entry e;
-    e.name = name;
-    e.type = parse_dtype(v["dtype"].get<std::string>(), source, name);
-    uint64_t numel = 1;
-    bool overflow = false;
-    for (const auto& d : v["shape"]) {
-      DSCPP_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
-                  IoError, "'", source, "': tensor '", name, "' has a shape entry ", d.dump(),
-                  " that is not a non-negative integer");
-      auto n = d.get<uint64_t>();
-      DSCPP_CHECK(n <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), IoError, "'",
-                  source, "': tensor '", name, "' has an absurd dimension ", n);
-      if (n != 0 && numel > std::numeric_limits<uint64_t>::max() / n) overflow = true;
-      numel *= n;
-      e.shape.push_back(static_cast<int64_t>(n));
-    }
-    for (const auto& o : v["data_offsets"]) {
-      DSCPP_CHECK(o.is_number_unsigned() || (o.is_number_integer() && o.get<int64_t>() >= 0),
-                  IoError, "'", source, "': tensor '", name, "' has a data offset ", o.dump(),
-                  " that is not a non-negative integer");
-    }
-    e.begin = v["data_offsets"][0].get<uint64_t>();
-    e.end = v["data_offsets"][1].get<uint64_t>();
-    DSCPP_CHECK(e.begin <= e.end, IoError, "'", source, "': tensor '", name, "' has data_offsets [",
-                e.begin, ", ", e.end, "] that end before they begin");
-    DSCPP_CHECK(e.end <= data_len, IoError, "'", source, "': tensor '", name,
-                "' has data_offsets [", e.begin, ", ", e.end, "] beyond the ", data_len,
-                " bytes of data in the file. HINT: the file is truncated (torn write?).");
-    const uint64_t item = c10::elementSize(e.type);
-    DSCPP_CHECK(!overflow && numel <= std::numeric_limits<uint64_t>::max() / item &&
-                    numel * item == e.end - e.begin,
-                IoError, "'", source, "': tensor '", name, "' has dtype ", dtype_name(e.type),
-                " and shape ", v["shape"].dump(), " (", numel, " elements, ",
-                overflow ? 0 : numel * item, " bytes) but data_offsets [", e.begin, ", ", e.end,
-                "] span ", e.end - e.begin, " bytes");
-    h.entries.push_back(std::move(e));
-  }
-
-  // The data section must be covered exactly: sorted by offset, each tensor starts where the
-  // previous one ended, the last ends at the end of the file.
-  std::vector<const Entry*> by_offset;
-  for (const auto& e : h.entries) by_offset.push_back(&e);
-  std::stable_sort(by_offset.begin(), by_offset.end(), [](const Entry* a, const Entry* b) {
-    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
-  });
-  uint64_t pos = 0;
-  const Entry* prev = nullptr;
-  for (const Entry* e : by_offset) {
-    if (e->begin < pos) {
-      DSCPP_FAIL(IoError, "'", source, "': tensor '", e->name, "' (bytes [", e->begin, ", ", e->end,
-                 ")) overlaps tensor '", prev->name, "' (bytes [", prev->begin, ", ", prev->end,
-                 "))");
-    }
-    DSCPP_CHECK(e->begin == pos, IoError, "'", source, "': bytes [", pos, ", ", e->begin,
-                ") of the data section belong to no tensor (a hole before tensor '", e->name, "')");
-    pos = e->end;
-    prev = e;
-  }
-  DSCPP_CHECK(pos == data_len, IoError, "'", source, "': the tensors cover ", pos,
-              " bytes but the ", "data section has ", data_len,
-              " bytes (trailing bytes that belong to no tensor). HINT: the file is corrupt.");
-  return h;
-}
+at::ScalarType scalar_type(const HeaderEntry& e) { return kTypes[e.dtype]; }
 
 // The header text (padded with spaces to a multiple of 8) for tensors already made contiguous
 // on the CPU.
@@ -237,8 +86,8 @@ TensorList to_cpu_contiguous(const TensorList& tensors) {
 }  // namespace
 
 std::string dtype_name(at::ScalarType type) {
-  for (const auto& d : kDtypes) {
-    if (d.type == type) return d.name;
+  for (size_t i = 0; i < kNumDtypes; ++i) {
+    if (kTypes[i] == type) return kDtypeNames[i];
   }
   DSCPP_FAIL(IoError, "safetensors cannot hold dtype ", c10::toString(type));
 }
@@ -255,19 +104,13 @@ std::string serialize(const TensorList& tensors,
 }
 
 Contents deserialize(const std::string& bytes, const std::string& source) {
-  DSCPP_CHECK(bytes.size() >= 8, IoError, "'", source, "' has ", bytes.size(),
-              " bytes, fewer than the 8-byte header length of a safetensors file");
-  uint64_t n = 0;
-  std::memcpy(&n, bytes.data(), 8);
-  DSCPP_CHECK(n <= kMaxHeaderBytes && n <= bytes.size() - 8, IoError, "'", source,
-              "': header length ", n, " does not fit in the ", bytes.size(),
-              "-byte file. HINT: the file is truncated or not a safetensors file.");
+  const uint64_t n = header_length(bytes.data(), bytes.size(), source);
   const uint64_t data_start = 8 + n;
   Header h = parse_header(bytes.substr(8, n), bytes.size() - data_start, source);
   Contents c;
   c.metadata = std::move(h.metadata);
   for (const auto& e : h.entries) {
-    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.type));
+    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(scalar_type(e)));
     std::memcpy(t.data_ptr(), bytes.data() + data_start + e.begin, e.end - e.begin);
     c.tensors.emplace_back(e.name, std::move(t));
   }
@@ -308,7 +151,8 @@ FileDigest save_streamed(const std::string& path, const std::vector<StreamedTens
     put(header.data(), header.size());
     at::Tensor piece;  // a streamed tensor's bytes, 16 MiB at a time
     for (const auto& t : tensors) {
-      fault::point(fault::Phase::save);
+      DSCPP_CHECK(!fault::point(fault::Phase::save), IoError, "writing '", path,
+                  "' failed: ", std::strerror(EIO));
       if (t.tensor.defined()) {
         DSCPP_CHECK(t.tensor.is_contiguous() && t.tensor.device().is_cpu(), IoError,
                     "internal: streamed save of '", t.name, "' needs contiguous CPU memory");
@@ -341,14 +185,9 @@ OpenFile open_file(const std::string& path, io::FileSystem* fs) {
   OpenFile f;
   f.file = io::resolve(fs).open_for_read(path);
   const uint64_t size = f.file->size();
-  DSCPP_CHECK(size >= 8, IoError, "'", path, "' has ", size,
-              " bytes, fewer than the 8-byte header length of a safetensors file. HINT: the "
-              "file is truncated (torn write?) or not a safetensors file.");
-  uint64_t n = 0;
-  f.file->pread(0, &n, 8);
-  DSCPP_CHECK(n <= kMaxHeaderBytes && n <= size - 8, IoError, "'", path, "': header length ", n,
-              " does not fit in the ", size,
-              "-byte file. HINT: the file is truncated (torn write?) or not a safetensors file.");
+  char prefix[8] = {};
+  if (size >= 8) f.file->pread(0, prefix, 8);
+  const uint64_t n = header_length(prefix, size, path);
   std::string text(n, '\0');
   f.file->pread(8, text.data(), n);
   f.data_start = 8 + n;
@@ -363,7 +202,7 @@ Contents load(const std::string& path, io::FileSystem* fs) {
   Contents c;
   c.metadata = std::move(f.header.metadata);
   for (const auto& e : f.header.entries) {
-    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.type));
+    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(scalar_type(e)));
     if (e.end > e.begin) f.file->pread(f.data_start + e.begin, t.data_ptr(), e.end - e.begin);
     c.tensors.emplace_back(e.name, std::move(t));
   }
@@ -373,7 +212,7 @@ Contents load(const std::string& path, io::FileSystem* fs) {
 struct Reader::Impl {
   OpenFile f;
   std::string path;
-  std::map<std::string, const Entry*> by_name;
+  std::map<std::string, const HeaderEntry*> by_name;
 };
 
 Reader::Reader(const std::string& path, io::FileSystem* fs) : impl_(std::make_unique<Impl>()) {
@@ -398,8 +237,8 @@ void Reader::read(const std::string& name, int64_t offset, at::Tensor dst) {
   auto it = impl_->by_name.find(name);
   DSCPP_CHECK(it != impl_->by_name.end(), IoError, "'", impl_->path, "' has no tensor '", name,
               "'");
-  const Entry& e = *it->second;
-  const int64_t item = static_cast<int64_t>(c10::elementSize(e.type));
+  const HeaderEntry& e = *it->second;
+  const int64_t item = static_cast<int64_t>(kDtypeBytes[e.dtype]);
   const int64_t numel = static_cast<int64_t>((e.end - e.begin) / item);
   const int64_t count = dst.numel();
   DSCPP_CHECK(offset >= 0 && offset + count <= numel, IoError, "'", impl_->path, "': elements [",
@@ -407,14 +246,14 @@ void Reader::read(const std::string& name, int64_t offset, at::Tensor dst) {
   if (count == 0) return;
   const uint64_t at = impl_->f.data_start + e.begin + offset * item;
   bytes_read_ += static_cast<uint64_t>(count * item);
-  if (dst.is_contiguous() && dst.device().is_cpu() && dst.scalar_type() == e.type) {
+  if (dst.is_contiguous() && dst.device().is_cpu() && dst.scalar_type() == scalar_type(e)) {
     impl_->f.file->pread(at, dst.data_ptr(), static_cast<size_t>(count * item));  // no copy
     return;
   }
   // Converted through one buffer of at most kReadPiece bytes.
   constexpr int64_t kReadPiece = int64_t{16} << 20;
   const int64_t piece = std::max<int64_t>(1, std::min(count, kReadPiece / item));
-  at::Tensor buf = at::empty({piece}, at::TensorOptions().dtype(e.type));
+  at::Tensor buf = at::empty({piece}, at::TensorOptions().dtype(scalar_type(e)));
   at::Tensor flat = dst.view({-1});
   at::NoGradGuard no_grad;
   for (int64_t i = 0; i < count; i += piece) {
@@ -428,7 +267,7 @@ at::ScalarType Reader::dtype(const std::string& name) const {
   auto it = impl_->by_name.find(name);
   DSCPP_CHECK(it != impl_->by_name.end(), IoError, "'", impl_->path, "' has no tensor '", name,
               "'");
-  return it->second->type;
+  return scalar_type(*it->second);
 }
 
 void check_matches(const std::vector<std::pair<std::string, std::vector<int64_t>>>& wanted,

@@ -23,7 +23,7 @@ namespace {
 constexpr std::array<const char*, kPhaseCount> kNames = {"forward",    "backward", "optimizer",
                                                          "all_gather", "save",     "offload_io"};
 
-enum class Action { none, count, kill, stop };
+enum class Action { none, count, kill, stop, eio };
 
 struct Plan {
   Action action = Action::none;
@@ -35,8 +35,9 @@ struct Plan {
 };
 
 constexpr const char* kFormat =
-    "HINT: use kill:phase=P:rank=R:hit=N, stop:phase=P:rank=R:hit=N or count, with P one of "
-    "forward, backward, optimizer, all_gather, save, offload_io; or unset it";
+    "HINT: use kill:phase=P:rank=R:hit=N, stop:phase=P:rank=R:hit=N, eio:phase=P:rank=R:hit=N "
+    "or count, with P one of forward, backward, optimizer, all_gather, save, offload_io (eio: "
+    "save or offload_io); or unset it";
 
 long parse_count(const std::string& key, const std::string& v, long min_value, Plan& plan) {
   char* end = nullptr;
@@ -55,8 +56,10 @@ Plan parse(const char* text) {
   if (parts[0] == "count") {
     plan.action = Action::count;
     if (parts.size() > 1) plan.error = "count takes no arguments";
-  } else if (parts[0] == "kill" || parts[0] == "stop") {
-    plan.action = parts[0] == "kill" ? Action::kill : Action::stop;
+  } else if (parts[0] == "kill" || parts[0] == "stop" || parts[0] == "eio") {
+    plan.action = parts[0] == "kill"   ? Action::kill
+                  : parts[0] == "stop" ? Action::stop
+                                       : Action::eio;
     bool has_phase = false;
     for (size_t i = 1; i < parts.size() && plan.error.empty(); ++i) {
       const size_t eq = parts[i].find('=');
@@ -80,6 +83,10 @@ Plan parse(const char* text) {
       }
     }
     if (plan.error.empty() && !has_phase) plan.error = "no phase= given";
+    if (plan.error.empty() && plan.action == Action::eio && plan.phase != Phase::save &&
+        plan.phase != Phase::offload_io) {
+      plan.error = "eio fails a write or read: its phase must be save or offload_io";
+    }
   } else {
     plan.error = "unknown action '" + parts[0] + "'";
   }
@@ -125,26 +132,29 @@ void check_environment() {
               std::getenv("DSCPP_FAULT_INJECT"), "': ", plan.error, ". ", kFormat);
 }
 
-void point(Phase p) {
+bool point(Phase p) {
   const Plan& plan = the_plan();
-  if (plan.action == Action::none) return;
+  if (plan.action == Action::none) return false;
   const long n = ++visits[static_cast<int>(p)];
   if (plan.action == Action::count || p != plan.phase || plan.own_rank != plan.rank ||
       n != plan.hit) {
-    return;
+    return false;
   }
-  const int sig = plan.action == Action::kill ? SIGKILL : SIGSTOP;
+  const char* what = plan.action == Action::kill   ? "SIGKILL"
+                     : plan.action == Action::stop ? "SIGSTOP"
+                                                   : "EIO";
   const double now =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   char line[256];
-  const int len =
-      std::snprintf(line, sizeof line,
-                    "dscpp fault injection: rank %d (pid %d) %s at %s (hit %ld) at "
-                    "%.6f\n",
-                    plan.own_rank, static_cast<int>(getpid()),
-                    sig == SIGKILL ? "SIGKILL" : "SIGSTOP", kNames[static_cast<int>(p)], n, now);
+  const int len = std::snprintf(line, sizeof line,
+                                "dscpp fault injection: rank %d (pid %d) %s at %s (hit %ld) at "
+                                "%.6f\n",
+                                plan.own_rank, static_cast<int>(getpid()), what,
+                                kNames[static_cast<int>(p)], n, now);
   if (len > 0) (void)!write(STDERR_FILENO, line, static_cast<size_t>(len));
-  raise(sig);
+  if (plan.action == Action::eio) return true;
+  raise(plan.action == Action::kill ? SIGKILL : SIGSTOP);
+  return false;
 }
 
 }  // namespace dscpp::fault

@@ -7,13 +7,15 @@
 //   DSCPP_FAULT_INJECT=kill:phase=backward:rank=1:hit=7   rank 1 sends itself SIGKILL the 7th
 //                                                          time it reaches a backward point
 //   DSCPP_FAULT_INJECT=stop:phase=optimizer:rank=0:hit=2  ... SIGSTOP (SIGCONT resumes it)
+//   DSCPP_FAULT_INJECT=eio:phase=save:rank=0:hit=3        the write at rank 0's 3rd save point
+//                                                          fails with EIO (save, offload_io only)
 //   DSCPP_FAULT_INJECT=count                               every rank prints, at exit, how many
 //                                                          times it reached each phase
 //
-// Before the signal the process writes one line to stderr: "dscpp fault injection: rank R
-// (pid P) SIGKILL at PHASE (hit N) at UNIX_SECONDS", which the suite uses to time the others'
-// exit from the moment of the fault. The rank is the process's (RANK, OMPI_COMM_WORLD_RANK or
-// SLURM_PROCID; 0 when none is set).
+// Before the fault the process writes one line to stderr: "dscpp fault injection: rank R
+// (pid P) SIGKILL at PHASE (hit N) at UNIX_SECONDS" (SIGSTOP, EIO), which the suite uses to time
+// the others' exit from the moment of the fault. The rank is the process's (RANK,
+// OMPI_COMM_WORLD_RANK or SLURM_PROCID; 0 when none is set).
 #pragma once
 
 namespace dscpp::fault {
@@ -34,7 +36,8 @@ const char* phase_name(Phase p);
 void check_environment();
 
 // An injection point: counts the visit and, when it is the chosen one, stops or kills this
-// process. Safe from any thread.
-void point(Phase p);
+// process, or returns true: the caller fails the I/O it is about to do as if the device had
+// answered EIO (the points of save and offload_io do). Safe from any thread.
+bool point(Phase p);
 
 }  // namespace dscpp::fault

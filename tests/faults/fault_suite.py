@@ -56,7 +56,7 @@ def check_ending(res, rc, hung, t_fault, t_end, bound):
 
 ALL_CASES = ["kill_" + p for p in PHASES] + [
     "stop", "skip", "skip_tcp", "skip_tcp_debug", "save", "save_tcp", "save_tcp_debug", "wider",
-    "double", "nan_fp32", "nan_fp16", "corrupt", "disk"]
+    "double", "nan_fp32", "nan_fp16", "corrupt", "disk", "eio", "nvme", "net_cut", "net_no_master", "fuzz_configs", "libfuzzer"]
 
 
 def case_title(case):
@@ -69,6 +69,18 @@ def case_title(case):
         return "damaged checkpoint, --resume", "job %.0f s" % API_BOUND_S
     if case == "disk":
         return "checkpoint disk full or read-only", "job %.0f s" % API_BOUND_S
+    if case == "eio":
+        return "EIO writing a checkpoint or the swap", "%.0f s" % KILL_BOUND_S
+    if case == "nvme":
+        return "nvme_path full or read-only", "job %.0f s" % API_BOUND_S
+    if case == "fuzz_configs":
+        return "config fuzz: generated configs (ASan, UBSan)", "no crash"
+    if case == "libfuzzer":
+        return "libFuzzer: config, manifest, safetensors header (ASan, UBSan)", "no crash"
+    if case == "net_cut":
+        return "network cut between 2 hosts", "timeout + 10 s"
+    if case == "net_no_master":
+        return "MASTER_ADDR never answers", "timeout + 10 s"
     if case.startswith("nan_"):
         return "NaN gradient, " + case[len("nan_"):], "job %.0f s" % API_BOUND_S
     mode = case.split("_")[0]
@@ -81,6 +93,76 @@ def case_title(case):
 
 
 CASE_ORDER = [case_title(c)[0] for c in ALL_CASES]
+
+
+def need_root(why):
+    if os.geteuid() != 0:
+        raise SystemExit("%s: run the suite as root, or leave it out with --except" % why)
+
+
+def check_refused(res, rc, hung, out, expected, folder):
+    """A job that had to stop on a disk fault: it did, within API_BOUND_S, with an error
+    matching `expected` and naming `folder`."""
+    if hung:
+        res["why"].append("the job was still running after %.0f s" % JOB_LIMIT_S)
+    if rc == 0:
+        res["why"].append("the job exited 0")
+    if not re.search(expected, out) or folder not in out:
+        res["why"].append("the error does not name /%s/ and the folder" % expected)
+    if res["exit_s"] > API_BOUND_S:
+        res["why"].append("the job took %.1f s (bound %.0f s)" % (res["exit_s"], API_BOUND_S))
+
+
+class NetPair:
+    """Two "hosts" on this machine: network namespaces joined by a veth pair, each address
+    reachable from the other (tests/launch/multinode_netns.sh builds the same). Needs root."""
+
+    def __init__(self):
+        pid = os.getpid()
+        self.hosts = ["dscpp_f1_%d" % pid, "dscpp_f2_%d" % pid]
+        self.links = ["dsfa%d" % pid, "dsfb%d" % pid]  # interface names: 15 characters at most
+        x = pid % 200 + 20
+        self.addrs = ["10.232.%d.1" % x, "10.232.%d.2" % x]
+        # An address on the link that nobody holds, whose frames go out and are never answered
+        # (a permanent neighbour entry, so not even ARP fails): a master that never answers.
+        self.silent = "10.232.%d.9" % x
+        self.ip("netns", "add", self.hosts[0])
+        try:
+            self.ip("netns", "add", self.hosts[1])
+            self.ip("link", "add", self.links[0], "type", "veth", "peer", "name", self.links[1])
+            for h, l, a in zip(self.hosts, self.links, self.addrs):
+                self.ip("link", "set", l, "netns", h)
+                self.ip("-n", h, "addr", "add", a + "/24", "dev", l)
+                self.ip("-n", h, "link", "set", "lo", "up")
+                self.ip("-n", h, "link", "set", l, "up")
+                self.ip("-n", h, "neigh", "add", self.silent, "lladdr", "02:00:00:00:00:09",
+                        "dev", l, "nud", "permanent")
+        except Exception:
+            self.close()
+            raise
+
+    @staticmethod
+    def ip(*args):
+        r = subprocess.run(["ip"] + list(args), capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit("the network cases need root and iproute2 ('ip %s' failed: %s); "
+                             "leave them out with --except" % (" ".join(args), r.stderr.strip()))
+
+    def set_link(self, host, up):
+        self.ip("-n", self.hosts[host], "link", "set", self.links[host], "up" if up else "down")
+
+    def hostfile(self, path, slots):
+        with open(path, "w") as f:
+            f.write("".join("%s slots=%d\n" % (h, slots) for h in self.hosts))
+
+    def launch(self, dscpp, hostfile, master, port, program):
+        return [dscpp, "launch", "--hostfile", hostfile, "--launcher", "ssh", "--remote_cmd",
+                "ip netns exec {host} {command}", "--master_addr", master, "--master_port",
+                str(port)] + program
+
+    def close(self):
+        for h in self.hosts:
+            subprocess.run(["ip", "netns", "del", h], capture_output=True)
 
 
 class Suite:
@@ -97,6 +179,7 @@ class Suite:
         self.jobs = 0
         self.failing_jobs = 0   # jobs that ended non-zero (the leak check counts them)
         self.shm_before = set(os.listdir("/dev/shm"))
+        self.net = None         # the two network namespaces of the network cases, made once
 
     # ----------------------------------------------------------------------------------------
     # Running a job
@@ -146,8 +229,9 @@ class Suite:
     # ----------------------------------------------------------------------------------------
     # What a job leaves behind
 
-    def leftovers(self, trial_dir, port):
-        """Processes, /dev/shm segments, temporary files and listening ports left behind."""
+    def leftovers(self, trial_dir, port, hosts=()):
+        """Processes, /dev/shm segments, temporary files and listening ports (here, or in the
+        network namespaces `hosts`) left behind."""
         left = []
         time.sleep(0.05)
         ps = subprocess.run(["pgrep", "-f", trial_dir], capture_output=True, text=True).stdout
@@ -170,10 +254,12 @@ class Suite:
         if tmp:
             left.append("temporary files %s" % ",".join(os.path.relpath(t, trial_dir)
                                                         for t in tmp))
-        ss = subprocess.run(["ss", "-Hltn", "sport = :%d" % port], capture_output=True,
-                            text=True).stdout.strip()
-        if ss:
-            left.append("listening port %d" % port)
+        for ns in hosts or [None]:
+            ss = subprocess.run((["ip", "netns", "exec", ns] if ns else []) +
+                                ["ss", "-Hltn", "sport = :%d" % port], capture_output=True,
+                                text=True).stdout.strip()
+            if ss:
+                left.append("listening port %d%s" % (port, " on " + ns if ns else ""))
         return left
 
     def checkpoint_state(self, save_dir):
@@ -189,8 +275,9 @@ class Suite:
     # ----------------------------------------------------------------------------------------
     # The jobs the cases run
 
-    def train_config(self, trial_dir, stage, offload):
-        cfg = {"train_batch_size": 24, "train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000,
+    def train_config(self, trial_dir, stage, offload, print_every=1000):
+        cfg = {"train_batch_size": 24, "train_micro_batch_size_per_gpu": 2,
+               "steps_per_print": print_every,
                "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
                "zero_optimization": {"stage": stage, "reduce_bucket_size": 20000,
                                      "allgather_bucket_size": 20000}}
@@ -211,8 +298,8 @@ class Suite:
             json.dump(cfg, f)
         return path
 
-    def train_program(self, trial_dir, stage, offload, steps=6, resume=False):
-        config = self.train_config(trial_dir, stage, offload)
+    def train_program(self, trial_dir, stage, offload, steps=6, resume=False, print_every=1000):
+        config = self.train_config(trial_dir, stage, offload, print_every)
         argv = [self.dscpp, "train", "--config", config, "--steps", str(steps), "--eval_problems",
                 "0", "--save_dir", os.path.join(trial_dir, "ckpt"), "--save_interval", "2"]
         return argv + (["--resume"] if resume else [])
@@ -242,37 +329,52 @@ class Suite:
     # ----------------------------------------------------------------------------------------
     # Cases
 
-    def kill_case(self, phase, trials):
-        """A rank sends itself SIGKILL at a random visit of `phase`."""
-        stages = {"all_gather": [1, 2, 3], "offload_io": [2, 3]}.get(phase, [0, 1, 2, 3])
+    def kill_case(self, phase, trials, action="kill"):
+        """A rank sends itself SIGKILL at a random visit of `phase` (action "kill"), or the
+        write or read it is about to do at that visit fails with EIO (action "eio", phase
+        "save" or "offload_io"; "io" alternates them)."""
         results = []
+        phases = ["save", "offload_io"] if phase == "io" else [phase]
         for t in range(trials):
-            stage = stages[t % len(stages)]
+            phase = phases[t % len(phases)]
+            stages = {"all_gather": [1, 2, 3], "offload_io": [2, 3]}.get(phase, [0, 1, 2, 3])
+            stage = stages[(t // len(phases)) % len(stages)]
             offload = phase == "offload_io" or (phase == "save" and t % 4 == 3 and stage > 0)
             world = [2, 3, 2, 4][t % 4] if not self.args.quick else 2
             counts = self.calibrate(stage, offload, world)
             ranks = [r for r in range(world) if counts[r][phase] > 0]
             rank = self.rng.choice(ranks)
             hit = self.rng.randint(1, counts[rank][phase])
-            what = "stage %d%s, %d ranks, rank %d killed at visit %d of %d" % (
-                stage, " + nvme offload" if offload else "", world, rank, hit,
+            what = "stage %d%s, %d ranks, rank %d %s at %s visit %d of %d" % (
+                stage, " + nvme offload" if offload else "", world, rank,
+                "killed" if action == "kill" else "fails with EIO", phase, hit,
                 counts[rank][phase])
-            results.append(self.kill_trial(phase, t, stage, offload, world, rank, hit, what))
+            results.append(self.kill_trial(phase, t, stage, offload, world, rank, hit, what,
+                                           action))
         return results
 
-    def kill_trial(self, phase, t, stage, offload, world, rank, hit, what):
-        trial_dir = tempfile.mkdtemp(prefix="kill_%s_" % phase, dir=self.work)
+    def kill_trial(self, phase, t, stage, offload, world, rank, hit, what, action):
+        trial_dir = tempfile.mkdtemp(prefix="%s_%s_" % (action, phase), dir=self.work)
         port = self.next_port()
         save_dir = os.path.join(trial_dir, "ckpt")
         rc, out, t_end, hung = self.run(
             self.launch(world, self.train_program(trial_dir, stage, offload), port),
-            {"DSCPP_FAULT_INJECT": "kill:phase=%s:rank=%d:hit=%d" % (phase, rank, hit)})
+            {"DSCPP_FAULT_INJECT": "%s:phase=%s:rank=%d:hit=%d" % (action, phase, rank, hit)})
         res = {"what": what, "ok": True, "why": [], "exit_s": None, "left": [], "lost": 0}
-        m = re.search(r"dscpp fault injection: rank %d \(pid \d+\) SIGKILL at %s \(hit %d\) at "
-                      r"([0-9.]+)" % (rank, phase, hit), out)
+        m = re.search(r"dscpp fault injection: rank %d \(pid \d+\) %s at %s \(hit %d\) at "
+                      r"([0-9.]+)" % (rank, "SIGKILL" if action == "kill" else "EIO", phase,
+                                      hit), out)
         check_ending(res, rc, hung, float(m.group(1)) if m else None, t_end, KILL_BOUND_S)
-        if "cause: rank %d on localhost killed by signal 9 (SIGKILL)" % rank not in out:
-            res["why"].append("the report does not name rank %d on localhost as the cause" % rank)
+        if action == "kill":
+            if "cause: rank %d on localhost killed by signal 9 (SIGKILL)" % rank not in out:
+                res["why"].append("the report does not name rank %d on localhost as the cause" %
+                                  rank)
+        else:
+            # Every rank learns of a failed save or swap together: any may exit first.
+            if not re.search(r"rank %d\]? .*Input/output error" % rank, out):
+                res["why"].append("rank %d's error does not say 'Input/output error'" % rank)
+            if not re.search(r"cause: rank \d+ on localhost exited with status", out):
+                res["why"].append("the launcher's report names no rank as the cause")
         # Every checkpoint announced before the kill must still be whole.
         saved = re.findall(r"saved checkpoint (\S+) at optimizer step", out)
         tag, whole = self.checkpoint_state(save_dir)
@@ -300,7 +402,8 @@ class Suite:
             res["why"].append("left behind: " + "; ".join(res["left"]))
         res["ok"] = not res["why"]
         if not res["ok"]:
-            self.failures.append(("kill at " + phase, t, "; ".join(res["why"]), out[-3000:]))
+            self.failures.append(("%s at %s" % (action, phase), t, "; ".join(res["why"]),
+                                  out[-3000:]))
         shutil.rmtree(trial_dir, ignore_errors=True)
         return res
 
@@ -464,9 +567,7 @@ class Suite:
         suite; needs root): full after the first checkpoint, or made read-only after it. The
         run must stop with the file system's error and the path named, and the checkpoint
         before must stay whole and resume."""
-        if os.geteuid() != 0:
-            raise SystemExit("the disk case mounts file systems: run the suite as root, or "
-                             "leave it out with --cases")
+        need_root("the disk case mounts file systems")
         results = []
         for t in range(trials):
             kind = ["full", "readonly"][t % 2]
@@ -493,17 +594,8 @@ class Suite:
                                                       resume=kind == "readonly"), port), {})
                 res = {"what": "%s, stage %d" % (kind, stage), "ok": True, "why": [],
                        "exit_s": t_end - t0, "left": [], "lost": 0}
-                if hung:
-                    res["why"].append("the job was still running after %.0f s" % JOB_LIMIT_S)
-                if rc == 0:
-                    res["why"].append("the job exited 0")
-                expected = r"No space left on device" if kind == "full" else \
-                    r"Read-only file system"
-                if not re.search(expected, out) or ckpt not in out:
-                    res["why"].append("the error does not name /%s/ and the folder" % expected)
-                if res["exit_s"] > API_BOUND_S:
-                    res["why"].append("the job took %.1f s (bound %.0f s)" % (res["exit_s"],
-                                                                             API_BOUND_S))
+                check_refused(res, rc, hung, out, r"No space left on device" if kind == "full"
+                              else r"Read-only file system", ckpt)
                 tag, whole = self.checkpoint_state(ckpt)
                 if tag != "global_step2" or not whole:
                     res["lost"] = 1
@@ -528,12 +620,207 @@ class Suite:
             results.append(self.finish("disk " + kind, t, res, out))
         return results
 
+    def nvme_case(self, trials):
+        """nvme_path on a small ext4 file system of its own (a loop device; tmpfs cannot do the
+        direct I/O the swap needs), full or read-only when a run resumes with nvme offload: the
+        run must stop with the file system's error and the swap folder named, the checkpoint it
+        resumed from must stay whole, and once there is room again the resume must work."""
+        need_root("the nvme case mounts a file system")
+        results = []
+        for t in range(trials):
+            kind = ["full", "readonly"][t % 2]
+            stage = [2, 3][(t // 2) % 2]
+            trial_dir = tempfile.mkdtemp(prefix="nvme_%s_" % kind, dir=self.work)
+            swap = os.path.join(trial_dir, "swap")
+            ckpt = os.path.join(trial_dir, "ckpt")
+            image = os.path.join(trial_dir, "swap.img")
+            os.makedirs(swap)
+            subprocess.run(["truncate", "-s", "32m", image], check=True)
+            subprocess.run(["mkfs.ext4", "-q", "-F", image], check=True, capture_output=True)
+            subprocess.run(["mount", "-o", "loop", image, swap], check=True)
+            port = self.next_port()
+            try:
+                rc0, out0, _, _ = self.run(
+                    self.launch(2, self.train_program(trial_dir, stage, True, steps=2),
+                                self.next_port()), {})
+                if rc0 != 0:
+                    raise SystemExit("nvme case: the first run failed:\n" + out0[-3000:])
+                if kind == "full":
+                    # Leave 64 KiB free: less than any rank's swap file.
+                    st = os.statvfs(swap)
+                    free = st.f_bavail * st.f_frsize - 65536
+                    subprocess.run(["fallocate", "-l", str(free), os.path.join(swap, "filler")],
+                                   check=True)
+                else:
+                    subprocess.run(["mount", "-o", "remount,ro", swap], check=True)
+                t0 = time.time()
+                rc, out, t_end, hung = self.run(
+                    self.launch(2, self.train_program(trial_dir, stage, True, steps=4,
+                                                      resume=True), port), {})
+                res = {"what": "%s, stage %d" % (kind, stage), "ok": True, "why": [],
+                       "exit_s": t_end - t0, "left": [], "lost": 0}
+                # dscpp checks the room the swap files need before it reserves them (and
+                # reserves them whole, so a disk that fills later cannot fail a swap write).
+                check_refused(res, rc, hung, out,
+                              r"No space left on device|need .* which has [0-9.]+ MiB free"
+                              if kind == "full" else r"Read-only file system", swap)
+                # Room again: the checkpoint must still be whole and resume.
+                if kind == "full":
+                    os.unlink(os.path.join(swap, "filler"))
+                else:
+                    subprocess.run(["mount", "-o", "remount,rw", swap], check=True)
+                tag, whole = self.checkpoint_state(ckpt)
+                rc2, out2, _, _ = self.run(
+                    self.launch(2, self.train_program(trial_dir, stage, True, steps=4,
+                                                      resume=True), self.next_port()), {})
+                if tag != "global_step2" or not whole or rc2 != 0 or \
+                        "resumed from %s/global_step2" % ckpt not in out2:
+                    res["lost"] = 1
+                    res["why"].append("latest is %s (whole: %s); resuming from it: %s" %
+                                      (tag, whole, out2[-1500:]))
+                res["left"] = self.leftovers(trial_dir, port)
+            finally:
+                subprocess.run(["umount", swap], capture_output=True)
+            if res["left"]:
+                res["why"].append("left behind: " + "; ".join(res["left"]))
+            shutil.rmtree(trial_dir, ignore_errors=True)
+            results.append(self.finish("nvme " + kind, t, res, out))
+        return results
+
+    def net_case(self, kind, trials):
+        """Two hosts (network namespaces joined by a veth pair), Gloo over TCP between them.
+        cut: the link goes down in the middle of training; every process must exit, with the
+        collective that did not complete reported, within DSCPP_COMM_TIMEOUT + 10 s of the cut.
+        no_master: MASTER_ADDR is an address whose packets are never answered; every process
+        must exit, naming the master it could not reach, within DSCPP_RENDEZVOUS_TIMEOUT + 10 s
+        of the start."""
+        if self.net is None:
+            self.net = NetPair()
+        results = []
+        for t in range(trials):
+            stage = [0, 1, 2, 3][t % 4]
+            slots = 1 if self.args.quick or t % 2 == 0 else 2
+            trial_dir = tempfile.mkdtemp(prefix="net_%s_" % kind, dir=self.work)
+            hostfile = os.path.join(trial_dir, "hostfile")
+            self.net.hostfile(hostfile, slots)
+            port = self.next_port()
+            env = {"DSCPP_COMM_SHM": "off", "DSCPP_COMM_TIMEOUT": str(COMM_TIMEOUT_S),
+                   "DSCPP_RENDEZVOUS_TIMEOUT": str(COMM_TIMEOUT_S)}
+            fault = {}
+            if kind == "cut":
+                after = self.rng.randint(1, 4)  # the cut follows the line of this step ...
+                delay = self.rng.uniform(0, 0.3)  # ... by this many seconds
+                what = "stage %d, %d ranks on 2 hosts, link cut %.2f s after step %d" % (
+                    stage, 2 * slots, delay, after)
+
+                def watch(text, now):
+                    if "t" in fault or len(re.findall(r"\] step +\d+/\d+ \| loss", text)) < after:
+                        return
+                    fault.setdefault("seen", now)
+                    if now - fault["seen"] >= delay:
+                        self.net.set_link(1, False)
+                        fault["t"] = time.time()
+
+                program = self.train_program(trial_dir, stage, False, steps=1000, print_every=1)
+                master = self.net.addrs[0]
+            else:
+                what = "stage %d, %d ranks on 2 hosts, MASTER_ADDR %s" % (stage, 2 * slots,
+                                                                          self.net.silent)
+                watch = None
+                program = self.train_program(trial_dir, stage, False)
+                master = self.net.silent
+                fault["t"] = time.time()
+            try:
+                rc, out, t_end, hung = self.run(
+                    self.net.launch(self.dscpp, hostfile, master, port, program), env,
+                    watch=watch)
+            finally:
+                if kind == "cut":
+                    self.net.set_link(1, True)
+            res = {"what": what, "ok": True, "why": [], "exit_s": None, "left": [], "lost": 0}
+            check_ending(res, rc, hung, fault.get("t"), t_end, STALL_BOUND_S)
+            if kind == "cut":
+                expected = r"did not complete within %.1f s" % COMM_TIMEOUT_S
+            else:
+                expected = r"could not reach the master at %s:%d( \(its own rendezvous " \
+                    r"server\))? after trying for" % (re.escape(self.net.silent), port)
+            if not re.search(expected, out):
+                res["why"].append("no process reported /%s/" % expected)
+            if not re.search(r"cause: rank \d+ on dscpp_f[12]_\d+ ", out):
+                res["why"].append("the launcher's report names no rank and host as the cause")
+            res["left"] = self.leftovers(trial_dir, port, self.net.hosts)
+            if res["left"]:
+                res["why"].append("left behind: " + "; ".join(res["left"]))
+            shutil.rmtree(trial_dir, ignore_errors=True)
+            results.append(self.finish("network " + kind, t, res, out))
+        return results
+
+    def sanitized_parsers(self):
+        """tests/faults/sanitize_parsers.sh's programs (built once, into the build folder)."""
+        out = os.path.join(self.build, "sanitize")
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sanitize_parsers.sh")
+        r = subprocess.run([script, out], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit("building the parsers under the sanitizers failed:\n" +
+                             (r.stdout + r.stderr)[-3000:])
+        return os.path.join(out, "parsers_replay"), os.path.join(out, "parsers_fuzzer")
+
+    def parser_run(self, case, argv, count_re, note):
+        """Runs a sanitized parser program; one result standing for the inputs it parsed."""
+        t0 = time.time()
+        rc, out, _, hung = self.run(argv, {"ASAN_OPTIONS": "detect_leaks=1",
+                                           "UBSAN_OPTIONS": "print_stacktrace=1"},
+                                    limit=JOB_LIMIT_S * 10)
+        m = re.search(count_re, out)
+        res = {"what": note, "ok": rc == 0 and not hung and m is not None, "why": [],
+               "exit_s": None, "left": [], "lost": 0, "count": int(m.group(1)) if m else 0}
+        if not res["ok"]:
+            res["why"].append("exit status %s%s after %.0f s" % (rc, " (hung)" if hung else "",
+                                                                time.time() - t0))
+        return [self.finish(case, 0, res, out)]
+
+    def fuzz_configs_case(self):
+        """Configs from ConfigFuzz's seeded generator through Config::parse, resolve_batch and
+        describe, under ASan and UBSan: only a Config or a ConfigError may come out."""
+        replay, _ = self.sanitized_parsers()
+        n = 2000 if self.args.quick else 100000
+        return self.parser_run("config fuzz", [replay, "--configs", str(n), "--seed",
+                                               str(self.args.seed)],
+                               r"parsers_replay: (\d+) generated configs", "%d configs" % n)
+
+    def libfuzzer_case(self):
+        """libFuzzer over the config, checkpoint-manifest and safetensors-header parsers under
+        ASan and UBSan, from seeds of each (a real manifest of a 2-rank run): any crash, hang
+        (10 s), leak or undefined behaviour fails, with the input kept in the output."""
+        replay, fuzzer = self.sanitized_parsers()
+        corpus = tempfile.mkdtemp(prefix="corpus_", dir=self.work)
+        r = subprocess.run([replay, "--write_seeds", corpus], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit("parsers_replay --write_seeds failed:\n" + r.stdout + r.stderr)
+        ckpt = os.path.join(self.clean_checkpoints(self.args.seed), "ckpt", "global_step2")
+        with open(os.path.join(ckpt, "manifest.json"), "rb") as f:
+            manifest = f.read()
+        with open(os.path.join(corpus, "manifest"), "wb") as f:
+            f.write(b"\x01" + manifest)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        with open(os.path.join(root, "examples", "ds_config.json"), "rb") as f:
+            example = f.read()
+        with open(os.path.join(corpus, "example_config"), "wb") as f:
+            f.write(b"\x00" + example)
+        budget = ["-runs=20000"] if self.args.quick else ["-max_total_time=300"]
+        return self.parser_run(
+            "libFuzzer", [fuzzer, corpus, "-seed=%d" % self.args.seed, "-timeout=10",
+                          "-rss_limit_mb=2048", "-print_final_stats=1"] + budget,
+            r"Done (\d+) runs in", "libFuzzer " + " ".join(budget))
+
     def trainer_draw(self, t, first_step):
         """Trial t's stage (0-3 in turn), world size, faulty rank and step (first_step..4)."""
         world = 2 if self.args.quick else [2, 3, 4][t % 3]
         return t % 4, world, self.rng.randrange(world), self.rng.randrange(first_step, 5)
 
     def finish(self, case, t, res, out):
+        if self.args.show:
+            print("--- %s, trial %d (%s): output ---\n%s" % (case, t, res["what"], out[-3000:]))
         res["ok"] = not res["why"]
         if not res["ok"]:
             self.failures.append((case, t, "; ".join(res["why"]), out[-3000:]))
@@ -610,8 +897,9 @@ class Suite:
 
     def record(self, case, bound, results, note=""):
         exits = [r["exit_s"] for r in results if r["exit_s"] is not None]
-        row = {"case": case, "trials": len(results),
-               "within": sum(1 for r in results if r["ok"]),
+        # A result stands for r["count"] trials where it has one (the parser runs).
+        row = {"case": case, "trials": sum(r.get("count", 1) for r in results),
+               "within": sum(r.get("count", 1) for r in results if r["ok"]),
                "worst_s": max(exits) if exits else None, "bound": bound,
                "left": sum(len(r["left"]) for r in results),
                "lost": sum(r["lost"] for r in results), "note": note}
@@ -626,16 +914,29 @@ class Suite:
         # each in the quick mode.
         api_trials = self.args.trials or (1 if self.args.quick else 20)
         cases = self.args.cases.split(",") if self.args.cases else ALL_CASES
-        for case in cases:
+        skip = self.args.skip.split(",") if self.args.skip else []
+        for case in cases + skip:
             if case not in ALL_CASES:
                 raise SystemExit("unknown case '%s' (cases: %s)" % (case, ",".join(ALL_CASES)))
+        for case in [c for c in cases if c not in skip]:
             title, bound = case_title(case)
             if case.startswith("kill_"):
                 results = self.kill_case(case[len("kill_"):], trials)
+            elif case == "nvme":
+                n = trials if self.args.trials or not self.args.quick else 2
+                results = self.nvme_case(n)
+            elif case == "eio":
+                results = self.kill_case("io", trials, action="eio")
             elif case == "stop":
                 results = self.stop_case(trials)
             elif case.startswith("nan_"):
                 results = self.nan_case(case == "nan_fp16", api_trials)
+            elif case == "fuzz_configs":
+                results = self.fuzz_configs_case()
+            elif case == "libfuzzer":
+                results = self.libfuzzer_case()
+            elif case.startswith("net_"):
+                results = self.net_case(case[len("net_"):], trials)
             elif case in ("corrupt", "disk"):
                 n = trials if self.args.trials or not self.args.quick else 2
                 results = self.corrupt_case(n) if case == "corrupt" else self.disk_case(n)
@@ -668,12 +969,20 @@ def main():
                     help="2 trials per kill/stop case, 1 per user-program case, 2 ranks (CI)")
     ap.add_argument("--trials", type=int, default=0, help="trials per case (default 20)")
     ap.add_argument("--cases", default="", help="comma-separated cases (default: all)")
+    ap.add_argument("--except", dest="skip", default="",
+                    help="comma-separated cases to leave out of the others")
     ap.add_argument("--seed", type=int, default=int(time.time()) % 100000)
+    ap.add_argument("--show", action="store_true",
+                    help="print the end of every trial's output (of the cases that keep it)")
     ap.add_argument("--report", default="", help="write the table (markdown) here")
     args = ap.parse_args()
     print("fault suite: seed %d%s" % (args.seed, " (quick)" if args.quick else ""), flush=True)
     suite = Suite(args)
-    rc = suite.run_all()
+    try:
+        rc = suite.run_all()
+    finally:
+        if suite.net:
+            suite.net.close()
     if args.report:
         write_report(args, suite)
     sys.exit(rc)
@@ -711,7 +1020,8 @@ def write_report(args, suite):
         worst = "%.1f s" % r["worst_s"] if r["worst_s"] is not None else "-"
         rows[r["case"]] = "| %s | %s | %d | %d | %s | %d | %d | %s, %s | %s |" % (
             r["case"], r["bound"], r["trials"], r["within"], worst, r["left"], r["lost"],
-            "%d%s" % (args.seed, " (--cases %s)" % args.cases if args.cases else ""), day,
+            "%d%s%s" % (args.seed, " (--cases %s)" % args.cases if args.cases else "",
+                        " (--except %s)" % args.skip if args.skip else ""), day,
             FIXES.get(r["case"], ""))
     order = [c for c in CASE_ORDER if c in rows] + sorted(c for c in rows if c not in CASE_ORDER)
     lines = [
