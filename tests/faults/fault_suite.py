@@ -1011,6 +1011,14 @@ FIXES = {
                              "left one, and the resumed run's save clears it",
     "SIGSTOP > timeout": "the sync report no longer blocks in the store when rank 0 is stopped "
                          "(the job hung until killed); the launcher sends SIGCONT after SIGTERM",
+    "EIO writing a checkpoint or the swap": "a stage-3 rank whose backward failed on a swap read "
+                                            "reported the collective mismatch that followed "
+                                            "instead of the I/O error; it now throws its own "
+                                            "error (1 of 20 before)",
+    "network cut between 2 hosts": "the sync report names a network that cannot be reached as "
+                                   "a reason a rank does not answer",
+    "MASTER_ADDR never answers": "rank 0 blamed a port in use; it now says it could not reach "
+                                 "the master at that address",
 }
 
 
