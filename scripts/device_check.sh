@@ -25,7 +25,7 @@ cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSCPP_BUILD_BENCH=OFF \
   -DCMAKE_PREFIX_PATH="$TP;$D/usr;$D/usr/lib/x86_64-linux-gnu/cmake" \
   -DCMAKE_CXX_FLAGS="-I$D/usr/include" 2>&1 | grep -E "dscpp|Error|error"
 el build
-timeout 330 cmake --build $B -j"$(nproc)" -- -k 0 > "$OUT/build.txt" 2>&1; echo "build rc=$?"
+timeout 330 cmake --build $B -j"$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" -- -k 0 > "$OUT/build.txt" 2>&1; echo "build rc=$?"
 grep -E "error|FAILED" "$OUT/build.txt" | head -40
 el "cuda train runs"
 C=/tmp/cfg; mkdir -p $C
@@ -54,6 +54,6 @@ for prec in ['fp32', 'bf16', 'fp16']:
         print(prec, 'vs fp32 at steps 1,10,50,150:', [(round(a[i], 4), round(b[i], 4)) for i in (0, 9, 49, 149) if i < len(a)])
 PY
 el ctest
-timeout 240 ctest --test-dir $B -j"$(nproc)" --timeout 120 -E "multinode|netns|OpenMpi" > "$OUT/ctest.txt" 2>&1
+timeout 240 ctest --test-dir $B -j"$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" --timeout 120 -E "multinode|netns|OpenMpi" > "$OUT/ctest.txt" 2>&1
 grep -E "tests passed|Failed|\*\*\*|Not Run" "$OUT/ctest.txt" | head -40
 el done

@@ -34,4 +34,4 @@ export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file
 if [ ! -f build/build.ninja ]; then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${DSCPP_CMAKE_ARGS:-}
 fi
-ninja -C build -j"$(nproc)" "$@"
+ninja -C build -j"$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" "$@"  # nproc obeys OMP_NUM_THREADS
