@@ -138,15 +138,12 @@ void EngineImpl::backward(const at::Tensor& loss) {
     strategy_->after_backward();
     window_reduced_ = reduce;
   };
-  try {
-    (loss.to(at::kFloat) * scale).backward();
-  } catch (...) {
-    // Where the rest of the backward is only gradient buckets, the ranks stay in step. At stage
-    // 3 it also gathers the parameters of the units not yet reached, which this rank skips: the
-    // collectives then fail (a mismatch, at once). This rank still throws the error that made
-    // its backward fail, the cause (an I/O error, a user's hook), and logs the collectives'
-    // error unless its backward failed in a collective itself; the engine stops.
-    const std::exception_ptr cause = std::current_exception();
+  // Where the rest of the backward is only gradient buckets, the ranks stay in step. At stage 3
+  // it also gathers the parameters of the units not yet reached, which this rank skips: the
+  // collectives then fail (a mismatch, at once). This rank still throws the error that made its
+  // backward fail, the cause (an I/O error, a user's hook), logs the collectives' error unless
+  // its backward failed in a collective itself, and the engine stops.
+  auto finish_failed_backward = [&](bool log) {
     try {
       fail_window();
     } catch (const std::exception& e) {
@@ -154,16 +151,17 @@ void EngineImpl::backward(const at::Tensor& loss) {
                     "after its backward failed, this rank's collectives fell out of "
                     "step with the other ranks': ") +
                 e.what();
-      bool in_collective = false;
-      try {
-        std::rethrow_exception(cause);
-      } catch (const CommError&) {
-        in_collective = true;
-      } catch (...) {
-      }
-      if (!in_collective) DSCPP_LOG_ERROR("rank {}: {}", comm_->rank(), broken_);
+      if (log) DSCPP_LOG_ERROR("rank {}: {}", comm_->rank(), broken_);
     }
-    std::rethrow_exception(cause);
+  };
+  try {
+    (loss.to(at::kFloat) * scale).backward();
+  } catch (const CommError&) {
+    finish_failed_backward(/*log=*/false);  // the collectives' error is the cause
+    throw;
+  } catch (...) {
+    finish_failed_backward(/*log=*/true);
+    throw;
   }
   if (reducer.late_gradient()) {
     // The hook's error was caught inside backward (by the user's code in a hook, say): the
