@@ -27,6 +27,7 @@
 #include "precision/loss_scaler.h"
 #include "precision/master_weights.h"
 #include "profiling/flops_profiler.h"
+#include "profiling/op_times.h"
 #include "zero/strategy.h"
 
 namespace dscpp::engine {
@@ -136,7 +137,7 @@ class EngineImpl {
   void abandon_window();
   // Writes this rank's window statistics where the gradient all-reduce sums them.
   void write_side_channel();
-  void log_step() const;
+  void log_step();
   // Logs a detailed line at detail_log_level_.
   void log_detail(const std::string& text) const;
   // After every optimizer step, applied or skipped: last_step_ (and, with wall_clock_breakdown,
@@ -145,6 +146,7 @@ class EngineImpl {
   // flops_profiler, rank 0: starts profiling the window that begins when global_steps_ reaches
   // profile_step (DeepSpeed's moment), and at that window's end prints (or writes) the report.
   void start_profiler_if_due();
+  void start_op_times();
   void finish_profiler();
   // A profiled window that failed: no report.
   void drop_profiler();
@@ -211,13 +213,19 @@ class EngineImpl {
   bool window_reduced_ = false;     // the boundary backward averaged gradients over ranks
   int no_sync_depth_ = 0;
   std::chrono::steady_clock::time_point window_start_;
-  // wall_clock_breakdown: seconds in the current window.
+  // wall_clock_breakdown: seconds in the current window; the optimizer's time is the boundary's
+  // reductions (reduce_window), the update, and the all-gather of the updated parameters.
   double t_backward_ = 0, t_reduce_wait_ = 0, t_optimizer_ = 0;
+  double t_boundary_ = 0, t_gather_ = 0;
   zero::Strategy::FetchStats fetch_;  // stage 3: this window's parameter gathers
   // The level of the resolved-config dump and the step line (InitOptions::detail_log_level).
   LogLevel detail_log_level_ = LogLevel::info;
   std::vector<std::unique_ptr<monitor::Writer>> monitors_;  // rank 0 only
   std::unique_ptr<profiling::FlopsProfiler> profiler_;      // rank 0, the profiled window only
+  // wall_clock_breakdown on rank 0 of a CPU model: the op table of each step log line, over the
+  // time since the previous one (NOTE [op times]).
+  std::unique_ptr<profiling::OpTimes> op_times_;
+  std::chrono::steady_clock::time_point op_times_since_;
 };
 
 }  // namespace dscpp::engine

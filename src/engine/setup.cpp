@@ -50,6 +50,7 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> model, Config config, 
   open_monitors();
   if (config_.dump_state) dump_state();
   start_profiler_if_due();
+  start_op_times();
   comm_->set_step(global_steps_);  // sync reports say at which step a collective was issued
   window_start_ = std::chrono::steady_clock::now();
 }

@@ -21,6 +21,8 @@ using Clock = std::chrono::steady_clock;
 
 // Elements per piece of the mixed-precision optimizer step (16 MiB of fp32 gradient).
 constexpr int64_t kStepPiece = int64_t{1} << 22;
+// wall_clock_breakdown: the ops listed in the step line's table (NOTE [op times]).
+constexpr size_t kOpTableRows = 12;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -252,7 +254,7 @@ void EngineImpl::abandon_window() {
   window_nonfinite_ = 0;
   window_failed_ = false;
   window_reduced_ = false;
-  t_backward_ = t_reduce_wait_ = t_optimizer_ = 0;
+  t_backward_ = t_reduce_wait_ = t_optimizer_ = t_boundary_ = t_gather_ = 0;
   strategy_->take_fetch_stats();  // the next window counts its own
   window_start_ = Clock::now();
 }
@@ -320,6 +322,7 @@ void EngineImpl::apply_step() {
   // 1. Gradients averaged over ranks (stages 1-2: this rank's shard of them), the loss over the
   // global batch, and whether any rank saw a non-finite one.
   Reduced red = reduce_window();
+  t_boundary_ += seconds_since(t_opt);
   if (red.micro_batches == 0) {  // a flush with nothing accumulated anywhere
     abandon_window();
     if (profiler_) profiler_->set_phase(profiling::Phase::forward);
@@ -369,7 +372,9 @@ void EngineImpl::apply_step() {
                   loss, grad_norm, lr);
   strategy_->before_update();
   update_parameters(red, unscale, coef, lr);
+  const auto t_gather = Clock::now();
   strategy_->publish_params();
+  t_gather_ += seconds_since(t_gather);
   const double used_scale = loss_scale();
   if (scaler_) scaler_->update(/*overflow=*/false);
   if (lr_schedule_) lr_schedule_->step();
@@ -575,7 +580,7 @@ void EngineImpl::write_side_channel() {
   side[2 + comm_->rank()] = static_cast<float>(window_flags());
 }
 
-void EngineImpl::log_step() const {
+void EngineImpl::log_step() {
   if (comm_->rank() != 0) return;
   const auto& s = last_step_;
   std::string line =
@@ -588,9 +593,11 @@ void EngineImpl::log_step() const {
   if (config_.wall_clock_breakdown) {
     line += fmt::format(
         " | window {:.1f} ms: forward+data {:.1f} ms, backward {:.1f} ms (waiting "
-        "for all-reduce {:.1f} ms), optimizer {:.1f} ms",
+        "for gradient reductions {:.1f} ms), optimizer {:.1f} ms (boundary reductions {:.1f} "
+        "ms, update {:.1f} ms, all-gather {:.1f} ms)",
         s.seconds * 1e3, (s.seconds - t_backward_ - t_optimizer_) * 1e3, t_backward_ * 1e3,
-        t_reduce_wait_ * 1e3, t_optimizer_ * 1e3);
+        t_reduce_wait_ * 1e3, t_optimizer_ * 1e3, t_boundary_ * 1e3,
+        (t_optimizer_ - t_boundary_ - t_gather_) * 1e3, t_gather_ * 1e3);
     if (fetch_.gathers > 0) {
       line += fmt::format(
           ", waiting for stage-3 parameter gathers {:.1f} ms ({} gathers, {} "
@@ -612,8 +619,32 @@ void EngineImpl::log_step() const {
           fetch_.disk_reads, fetch_.disk_reads_ahead, fetch_.disk_bytes_read / double(1 << 20),
           fetch_.disk_bytes_written / double(1 << 20), fetch_.disk_wait_seconds * 1e3);
     }
+    if (op_times_) {
+      const auto now = Clock::now();
+      const double since = std::chrono::duration<double>(now - op_times_since_).count();
+      line += "\nrank 0 since the previous step line, " +
+              profiling::format_op_table(op_times_->take(), since, kOpTableRows);
+      op_times_since_ = now;
+    }
   }
   log_detail(line);
+}
+
+void EngineImpl::start_op_times() {
+  if (!config_.wall_clock_breakdown || comm_->rank() != 0) return;
+  if (!device_.is_cpu()) {
+    DSCPP_LOG_INFO(
+        "wall_clock_breakdown: no table of ops on {} (the host sees kernel launches, not their "
+        "time); the phases are timed",
+        device_.str());
+    return;
+  }
+  try {
+    op_times_ = std::make_unique<profiling::OpTimes>();
+    op_times_since_ = Clock::now();
+  } catch (const std::exception& e) {
+    DSCPP_LOG_WARN("wall_clock_breakdown: no table of ops: {}", e.what());
+  }
 }
 
 void EngineImpl::start_profiler_if_due() {

@@ -144,6 +144,20 @@ std::vector<SystemItem> collect_system_info(bool measure_blas) {
           "reference BLAS is about 16x slower than OpenBLAS; apt-get install libopenblas0-openmp";
     items.push_back({"BLAS library", lib.empty() ? "not found in this process" : lib, hint});
     items.push_back({"matmul 1024x1024 fp32", fmt::format("{:.1f} GFLOP/s", gflops), ""});
+    // The bf16 peak of one core: the denominator of the model FLOPs utilization of a bf16 run
+    // with one intra-op thread per rank (docs/benchmarks.md). oneDNN's kernels on a CPU with
+    // AVX512-BF16 (or AMX); elsewhere libtorch's much slower fallback, which this shows too.
+    const int threads = at::get_num_threads();
+    at::set_num_threads(1);
+    std::string bf16;
+    try {
+      bf16 = fmt::format("{:.1f} GFLOP/s on one thread",
+                         measure_matmul_gflops(1024, 5, at::kBFloat16));
+    } catch (const std::exception& e) {
+      bf16 = std::string("not measurable: ") + e.what();
+    }
+    at::set_num_threads(threads);
+    items.push_back({"matmul 1024x1024 bf16", bf16, ""});
   }
   std::string uring_hint;
   std::string uring = uring_status(uring_hint);

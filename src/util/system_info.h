@@ -17,7 +17,8 @@ struct SystemItem {
   std::string hint;  // empty when nothing needs doing
 };
 
-// Measures the BLAS (a 1024x1024 fp32 matmul, best of a few) when `measure_blas` is true.
+// Measures the BLAS (a 1024x1024 fp32 matmul on this process's threads, and a bf16 one on one
+// thread, best of a few each) when `measure_blas` is true.
 std::vector<SystemItem> collect_system_info(bool measure_blas = true);
 
 // GFLOP/s of an n x n matmul in `dtype` (fp32 by default) on this process's threads, best of

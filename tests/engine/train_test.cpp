@@ -169,6 +169,47 @@ TEST(Train, DefaultRunLearnsTheBuiltInTask) {
   EXPECT_LT(r.seconds, 180) << r.output;
 }
 
+// wall_clock_breakdown: rank 0's step line splits the window into its phases (at stage 2 the
+// update's all-gather too), each ms figure consistent with the window, and the op table follows
+// with the top ops by self time and their shares.
+TEST(Train, WallClockBreakdownSplitsTheStepAndListsTheTopOps) {
+  TempDir dir;
+  write(dir.file("c.json"),
+        R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "steps_per_print": 2,
+            "wall_clock_breakdown": true, "zero_optimization": {"stage": 2},
+            "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}}})");
+  auto r =
+      run_command(kCli + " launch --num_procs 2 --master_port " + std::to_string(free_port()) +
+                  " " + kCli + " train --config " + dir.file("c.json") + kModelArgs + " --steps 4");
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::regex phases(
+      "window ([0-9.]+) ms: forward\\+data ([0-9.]+) ms, backward ([0-9.]+) ms \\(waiting for "
+      "gradient reductions ([0-9.]+) ms\\), optimizer ([0-9.]+) ms \\(boundary reductions "
+      "([0-9.]+) ms, update ([0-9.]+) ms, all-gather ([0-9.]+) ms\\)");
+  int lines = 0;
+  for (std::sregex_iterator it(r.output.begin(), r.output.end(), phases), end; it != end; ++it) {
+    const auto& m = *it;
+    ++lines;
+    const double window = std::stod(m[1]), fwd = std::stod(m[2]), bwd = std::stod(m[3]),
+                 wait = std::stod(m[4]), opt = std::stod(m[5]), boundary = std::stod(m[6]),
+                 update = std::stod(m[7]), gather = std::stod(m[8]);
+    EXPECT_NEAR(fwd + bwd + opt, window, 0.2) << m[0];
+    EXPECT_LE(wait, bwd + 0.05) << m[0];
+    EXPECT_NEAR(boundary + update + gather, opt, 0.2) << m[0];
+    EXPECT_GT(gather, 0) << "stage 2 all-gathers the updated parameters\n" << m[0];
+  }
+  EXPECT_EQ(lines, 2) << "steps 2 and 4\n" << r.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      r.output, m,
+      std::regex("ops by self time: ([0-9.]+) ms inside libtorch ops \\(([0-9.]+)% of the "
+                 "time\\)[^\\n]*\\n.*?([0-9.]+)%  +([0-9.]+) ms +([0-9]+) calls  aten::")))
+      << r.output;
+  EXPECT_GT(std::stod(m[2]), 10) << m[0];
+  EXPECT_LE(std::stod(m[2]), 100) << m[0];
+  EXPECT_NE(r.output.find("calls  aten::mm"), std::string::npos) << r.output;
+}
+
 // bf16 through the whole tool: every stage (0-3) at 2 ranks learns and stays near the fp32 run.
 TEST(Train, Bf16TrainsAtEveryStageNearTheFp32Run) {
   TempDir dir;
