@@ -178,9 +178,9 @@ TEST(Train, WallClockBreakdownSplitsTheStepAndListsTheTopOps) {
         R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "steps_per_print": 2,
             "wall_clock_breakdown": true, "zero_optimization": {"stage": 2},
             "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}}})");
-  auto r =
-      run_command(kCli + " launch --num_procs 2 --master_port " + std::to_string(free_port()) +
-                  " " + kCli + " train --config " + dir.file("c.json") + kModelArgs + " --steps 4");
+  auto r = run_command(kCli + " launch --num_procs 2 --master_port " + std::to_string(free_port()) +
+                       " " + kCli + " train --config " + dir.file("c.json") +
+                       " --n_layer 2 --n_head 2 --n_embd 256 --eval_problems 10 --steps 4");
   ASSERT_EQ(r.status, 0) << r.output;
   std::regex phases(
       "window ([0-9.]+) ms: forward\\+data ([0-9.]+) ms, backward ([0-9.]+) ms \\(waiting for "
@@ -196,14 +196,14 @@ TEST(Train, WallClockBreakdownSplitsTheStepAndListsTheTopOps) {
     EXPECT_NEAR(fwd + bwd + opt, window, 0.2) << m[0];
     EXPECT_LE(wait, bwd + 0.05) << m[0];
     EXPECT_NEAR(boundary + update + gather, opt, 0.2) << m[0];
-    EXPECT_GT(gather, 0) << "stage 2 all-gathers the updated parameters\n" << m[0];
+    EXPECT_GT(gather, 0) << "stage 2 all-gathers the updated parameters (1.6M)\n" << m[0];
   }
   EXPECT_EQ(lines, 2) << "steps 2 and 4\n" << r.output;
   std::smatch m;
   ASSERT_TRUE(std::regex_search(
       r.output, m,
       std::regex("ops by self time: ([0-9.]+) ms inside libtorch ops \\(([0-9.]+)% of the "
-                 "time\\)[^\\n]*\\n.*?([0-9.]+)%  +([0-9.]+) ms +([0-9]+) calls  aten::")))
+                 "time\\)[^\\n]*\\n.*?([0-9.]+)%  +([0-9.]+) ms +([0-9]+) calls  [a-z]")))
       << r.output;
   EXPECT_GT(std::stod(m[2]), 10) << m[0];
   EXPECT_LE(std::stod(m[2]), 100) << m[0];
