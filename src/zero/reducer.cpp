@@ -141,6 +141,7 @@ void GradReducer::prepare_backward(bool reduce, const at::Tensor& loss) {
   next_bucket_ = 0;
   std::fill(got_grad_.begin(), got_grad_.end(), 0);
   late_gradient_ = false;
+  wait_seconds_ = 0;
   for (auto& b : buckets_) {
     b.pending = static_cast<int>(b.params.size());
     b.launched = false;
@@ -301,7 +302,9 @@ void GradReducer::retire_oldest_locked() {
       if (slot >= 0) r.release_slot_locked(slot);
     }
   } release{*this, f.slot};
+  const auto t0 = std::chrono::steady_clock::now();
   f.work->wait();
+  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   on_reduced_locked(f);
 }
 
@@ -322,11 +325,11 @@ double GradReducer::finish_backward() {
   launch_in_order_locked();
   finishing_ = false;
   reducing_ = false;
-  auto t0 = std::chrono::steady_clock::now();
   while (!in_flight_.empty()) retire_oldest_locked();
+  const double waited = wait_seconds_;
   g.unlock();
   after_finish();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return waited;
 }
 
 bool GradReducer::all_gradients_ready() const {

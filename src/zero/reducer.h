@@ -89,7 +89,8 @@ class GradReducer {
   // at once.
   void prepare_backward(bool reduce, const at::Tensor& loss = at::Tensor());
   // Call after loss.backward(): launches the buckets still pending (in order) and waits for
-  // every reduction of this backward. Returns the seconds spent waiting.
+  // every reduction of this backward. Returns the seconds this backward spent waiting for
+  // reductions to complete: here, and in its hooks (without overlap_comm, or for a staging slot).
   double finish_backward();
   // Names of the parameters that got no gradient in the last backward on this rank.
   std::vector<std::string> unused_in_last_backward() const;
@@ -196,6 +197,9 @@ class GradReducer {
   bool reducing_ = false;
   bool finishing_ = false;  // in finish_backward, launching what is left
   std::deque<InFlight> in_flight_;
+  // Seconds this backward waited for reductions to complete: in its hooks (a bucket that may
+  // accumulate only after the previous reduction, a staging slot to free) and at its end.
+  double wait_seconds_ = 0;
 
  private:
   void on_grad_arriving(int param);
