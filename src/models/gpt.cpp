@@ -45,6 +45,21 @@ class GlobalGeneratorGuard {
   at::Tensor state_;
 };
 
+// NOTE [GPT kernels]: where libtorch's CPU kernels in bf16 cost a multiple of the same math in
+// another form, the GPT uses that form, with the same values in fp32 (the Golden tests hold it
+// to the plain PyTorch twin). Measured on the benchmark GPT (docs/benchmarks.md, issue 15):
+// - layer norm: libtorch 1.13's bf16 layer norm on the CPU is not vectorized, 3.4 ms per
+//   [4, 256, 384] call, 10% of a bf16 step; normalising in fp32 and rounding the result once
+//   (what torch.autocast does on a CPU) takes a sixth of that, and is more accurate;
+// - the causal mask: added (0 or -inf) instead of masked_fill_, see CausalSelfAttention.
+at::Tensor layer_norm(torch::nn::LayerNormImpl& ln, const at::Tensor& x) {
+  const auto dtype = x.scalar_type();
+  if (dtype == at::kFloat || dtype == at::kDouble || !x.is_cpu()) return ln.forward(x);
+  return at::layer_norm(x.to(at::kFloat), ln.options.normalized_shape(), ln.weight.to(at::kFloat),
+                        ln.bias.to(at::kFloat), ln.options.eps())
+      .to(dtype);
+}
+
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -125,14 +140,15 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   auto q = qkv[0].view({b, t, n_head_, hs}).transpose(1, 2);  // [B, nh, T, hs]
   auto k = qkv[1].view({b, t, n_head_, hs}).transpose(1, 2);  // [B, nh, T, hs]
   auto v = qkv[2].view({b, t, n_head_, hs}).transpose(1, 2);  // [B, nh, T, hs]
-  // Scale and mask in place: the matmul's backward needs q and k, not its output, and a
-  // scalar multiply's backward needs nothing, so autograd allows it; the same arithmetic as
-  // PyTorch's `att * scale` and `masked_fill`, without two [B, nh, T, T] copies.
+  // Scale and mask in place: the matmul's backward needs q and k, not its output, and the
+  // backward of a scalar multiply or of adding a constant needs nothing, so autograd allows it;
+  // the same values as PyTorch's `att * scale` and `masked_fill` (x + 0 is x, x + -inf is -inf),
+  // without two [B, nh, T, T] copies. Adding the mask costs a quarter of masked_fill_ in bf16
+  // and nothing in backward, where masked_fill_ is masked again (NOTE [GPT kernels]).
   auto att = at::matmul(q, k.transpose(-2, -1));
   att.mul_(1.0 / std::sqrt(static_cast<double>(hs)));
-  // [T, T] bool, true above the diagonal: position i may not attend to j > i.
-  auto future = at::ones({t, t}, x.options().dtype(at::kBool)).triu(1);
-  att.masked_fill_(future, -std::numeric_limits<double>::infinity());
+  // [T, T]: -inf above the diagonal (position i may not attend to j > i), 0 elsewhere.
+  att.add_(at::full({t, t}, -std::numeric_limits<double>::infinity(), att.options()).triu(1));
   att = at::softmax(att, -1);                          // [B, nh, T, T]
   auto y = at::matmul(att, v);                         // [B, nh, T, hs]
   y = y.transpose(1, 2).contiguous().view({b, t, c});  // [B, T, C]
@@ -160,10 +176,10 @@ at::Tensor BlockImpl::forward(const at::Tensor& x) {
   at::Tensor y;
   {
     RECORD_USER_SCOPE("attn");
-    y = x + attn->forward(ln_1->forward(x));
+    y = x + attn->forward(layer_norm(*ln_1, x));
   }
   RECORD_USER_SCOPE("mlp");
-  return y + mlp->forward(ln_2->forward(y));
+  return y + mlp->forward(layer_norm(*ln_2, y));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -249,7 +265,7 @@ at::Tensor GPTImpl::forward(const at::Tensor& idx) {
     auto run = [b](const at::Tensor& y) { return b->forward(y); };
     x = checkpoint_blocks_ ? zero::checkpoint(*b, run, x) : zero::call(*b, run, x);
   }
-  x = ln_f->forward(x);
+  x = layer_norm(*ln_f, x);
   // Tied output projection: logits = x @ wte^T.
   auto logits = zero::call(
       *wte, [this](const at::Tensor& y) { return torch::nn::functional::linear(y, wte->weight); },

@@ -128,7 +128,9 @@ def st_save(path, tensors, metadata=None):
 
 
 # --------------------------------------------------------------------------------------------
-# GPT-2, line for line as src/models/gpt.cpp
+# GPT-2, line for line as src/models/gpt.cpp. Two of its operations take another form there with
+# the same values in fp32 (NOTE [GPT kernels]): the causal mask is added (0 or -inf) in place
+# instead of masked_fill, and in bf16 the layer norms normalise in fp32.
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, n_embd, n_head):
