@@ -45,6 +45,8 @@ def main():
     ap.add_argument("--bf16", action="store_true")
     ap.add_argument("--gas", type=int, default=1, help="micro-batches per optimizer step")
     ap.add_argument("--init", help="initial weights (safetensors: dscpp train --steps 0 --save_final)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="print rank 0's forward, backward and optimizer ms of every step")
     a = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -67,6 +69,8 @@ def main():
     for s in range(a.steps):
         if s == warmup:
             t_steady = time.perf_counter()
+        t0 = time.perf_counter()
+        t_fwd = t_bwd = 0.0
         opt.zero_grad(set_to_none=True)
         total = 0.0
         for k in range(gas):
@@ -76,12 +80,22 @@ def main():
             y = torch.stack([tok[j * T + 1:j * T + T + 1] for j in idx])
             # the gradients are reduced once, in the last micro-batch's backward
             with ddp.no_sync() if k + 1 < gas else contextlib.nullcontext():
+                t1 = time.perf_counter()
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
                     loss = GPT.cross_entropy(ddp(x), y) / gas
-                loss.backward()
+                t2 = time.perf_counter()
+                loss.backward()  # returns once DDP's all-reduces are done
+                t3 = time.perf_counter()
+                t_fwd += t2 - t1
+                t_bwd += t3 - t2
             total += loss.item()
+        t4 = time.perf_counter()
         torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
         opt.step()
+        if a.breakdown and rank == 0:
+            print("step %d: window %.1f ms: forward %.1f ms, backward %.1f ms, optimizer %.1f ms"
+                  % (s + 1, (time.perf_counter() - t0) * 1e3, t_fwd * 1e3, t_bwd * 1e3,
+                     (time.perf_counter() - t4) * 1e3), flush=True)
         if (s + 1) % 10 == 0 or s + 1 == a.steps:
             mean = torch.tensor(total)
             dist.all_reduce(mean)

@@ -15,6 +15,7 @@
 #include "engine/estimate.h"
 #include "util/fault_inject.h"
 #include "util/log.h"
+#include "util/memory.h"
 #include "zero/presharded.h"
 #include "zero/reducer.h"
 #include "zero/stage3.h"
@@ -34,6 +35,11 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> model, Config config, 
       detail_log_level_(options.detail_log_level) {
   DSCPP_CHECK(model_, ConfigError, "initialize() was given a null model");
   fault::check_environment();
+  // NOTE [allocator for training]: from the start, so set-up's own allocations already follow
+  // it (what set-up frees in bulk is handed back explicitly, return_freed_memory).
+  bool cpu_model = true;
+  for (const auto& p : model_->parameters()) cpu_model = cpu_model && p.is_cpu();
+  if (cpu_model) keep_freed_memory_for_reuse();
   SupportContext support{client_optimizer_ != nullptr, client_lr_scheduler_ != nullptr};
   std::vector<std::string> ignored = check_supported(config_, support);
   if (!comm_) comm_ = comm::init_from_env(comm::CommOptions::from_config(&config_));

@@ -1,7 +1,10 @@
-// Implements return_freed_memory (memory.h).
+// Implements return_freed_memory and keep_freed_memory_for_reuse (memory.h).
 #include "util/memory.h"
 
 #include <cstdlib>  // defines __GLIBC__ on glibc
+#include <cstring>
+
+#include "dscpp/error.h"
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -12,6 +15,22 @@ namespace dscpp {
 void return_freed_memory() {
 #if defined(__GLIBC__)
   malloc_trim(0);
+#endif
+}
+
+bool keep_freed_memory_for_reuse() {
+  if (const char* env = std::getenv("DSCPP_MALLOC_TUNING"); env && *env) {
+    DSCPP_CHECK(!std::strcmp(env, "on") || !std::strcmp(env, "off"), ConfigError,
+                "DSCPP_MALLOC_TUNING is '", env, "'; expected on (the default) or off");
+    if (!std::strcmp(env, "off")) return false;
+  }
+#if defined(__GLIBC__)
+  // NOTE [allocator for training]: both, or neither helps.
+  constexpr int kMaxMmapThreshold = 32 << 20;  // glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
+  return mallopt(M_MMAP_THRESHOLD, kMaxMmapThreshold) == 1 &&
+         mallopt(M_TRIM_THRESHOLD, INT32_MAX) == 1;
+#else
+  return false;
 #endif
 }
 

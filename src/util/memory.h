@@ -1,4 +1,4 @@
-// Returning freed heap memory to the system.
+// Returning freed heap memory to the system, and keeping it for reuse while training.
 #pragma once
 
 namespace dscpp {
@@ -10,5 +10,26 @@ namespace dscpp {
 // temporaries its mmap threshold has risen so far that parameters live on the heap, where freed
 // memory stays resident.
 void return_freed_memory();
+
+// NOTE [allocator for training]: glibc's malloc gives memory back to the system in two ways
+// that cost a CPU training step dearly, since every step frees and allocates again the same
+// activations, gradients of ops and temporaries: a block above the mmap threshold (128 KiB at
+// first, rising to the largest freed mmapped block, at most 32 MiB) is unmapped when freed and
+// faulted in again page by page when next allocated, and free memory at the top of the heap is
+// trimmed once it exceeds the trim threshold (twice the mmap threshold) and faulted back at the
+// next step. On the benchmark GPT (2 ranks on 2 cores; docs/benchmarks.md) that was 13k minor
+// page faults and 90 ms of system time per rank and step in fp32. With the mmap threshold fixed
+// at glibc's maximum (32 MiB) and trimming off, a step reuses the previous step's memory.
+// Setting one without the other makes things worse: a fixed trim threshold alone stops the mmap
+// threshold from rising (5.8M faults in 15 steps instead of 0.7M), a fixed mmap threshold alone
+// still trims.
+//
+// keep_freed_memory_for_reuse() sets both (glibc only; returns false elsewhere, or when the
+// environment sets DSCPP_MALLOC_TUNING=off, and then changes nothing; a value other than on or off
+// is a ConfigError). The engine calls it for
+// a CPU model once set-up is done: what set-up freed (the original parameters) was returned to
+// the system already (return_freed_memory), and peak memory stays the same since the steps
+// reuse what they free. Blocks above 32 MiB are still mmapped and unmapped.
+bool keep_freed_memory_for_reuse();
 
 }  // namespace dscpp
