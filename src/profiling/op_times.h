@@ -16,7 +16,6 @@
 #include <ATen/record_function.h>
 
 #include <cstdint>
-#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>

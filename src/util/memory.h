@@ -25,11 +25,11 @@ void return_freed_memory();
 // still trims.
 //
 // keep_freed_memory_for_reuse() sets both (glibc only; returns false elsewhere, or when the
-// environment sets DSCPP_MALLOC_TUNING=off, and then changes nothing; a value other than on or off
-// is a ConfigError). The engine calls it for
-// a CPU model once set-up is done: what set-up freed (the original parameters) was returned to
-// the system already (return_freed_memory), and peak memory stays the same since the steps
-// reuse what they free. Blocks above 32 MiB are still mmapped and unmapped.
+// environment sets DSCPP_MALLOC_TUNING=off, and then changes nothing; a value other than on or
+// off is a ConfigError). The engine calls it for a CPU model as set-up starts: what set-up frees
+// in bulk (the original parameters) it still returns to the system explicitly
+// (return_freed_memory, which trims whatever the thresholds say), and peak memory stays the same
+// since the steps reuse what they free. Blocks above 32 MiB are still mmapped and unmapped.
 bool keep_freed_memory_for_reuse();
 
 }  // namespace dscpp
