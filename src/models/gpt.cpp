@@ -14,6 +14,7 @@
 
 #include "dscpp/error.h"
 #include "dscpp/zero.h"
+#include "models/fused_ops.h"
 #include "util/fault_inject.h"
 
 namespace dscpp::models {
@@ -52,7 +53,11 @@ class GlobalGeneratorGuard {
 //   [4, 256, 384] call, 10% of a bf16 step; normalising in fp32 and rounding the result once
 //   (what torch.autocast does on a CPU) takes a sixth of that, and is more accurate;
 // - the causal mask: added (0 or -inf) instead of masked_fill_, see CausalSelfAttention.
+// Where the fused bf16 kernels run (NOTE [GPT fused kernels] in fused_ops.h), they replace both.
 at::Tensor layer_norm(torch::nn::LayerNormImpl& ln, const at::Tensor& x) {
+  if (use_fused_kernels(x) && ln.weight.scalar_type() == at::kBFloat16) {
+    return fused_layer_norm(x, ln.weight, ln.bias, ln.options.eps());
+  }
   const auto dtype = x.scalar_type();
   if (dtype == at::kFloat || dtype == at::kDouble || !x.is_cpu()) return ln.forward(x);
   return at::layer_norm(x.to(at::kFloat), ln.options.normalized_shape(), ln.weight.to(at::kFloat),
@@ -146,10 +151,15 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   // without two [B, nh, T, T] copies. Adding the mask costs a quarter of masked_fill_ in bf16
   // and nothing in backward, where masked_fill_ is masked again (NOTE [GPT kernels]).
   auto att = at::matmul(q, k.transpose(-2, -1));
-  att.mul_(1.0 / std::sqrt(static_cast<double>(hs)));
-  // [T, T]: -inf above the diagonal (position i may not attend to j > i), 0 elsewhere.
-  att.add_(at::full({t, t}, -std::numeric_limits<double>::infinity(), att.options()).triu(1));
-  att = at::softmax(att, -1);                          // [B, nh, T, T]
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  if (use_fused_kernels(att)) {
+    att = fused_causal_softmax(att, scale);  // the same, one pass each way
+  } else {
+    att.mul_(scale);
+    // [T, T]: -inf above the diagonal (position i may not attend to j > i), 0 elsewhere.
+    att.add_(at::full({t, t}, -std::numeric_limits<double>::infinity(), att.options()).triu(1));
+    att = at::softmax(att, -1);  // [B, nh, T, T]
+  }
   auto y = at::matmul(att, v);                         // [B, nh, T, hs]
   y = y.transpose(1, 2).contiguous().view({b, t, c});  // [B, T, C]
   return c_proj->forward(y);
@@ -161,7 +171,8 @@ MLPImpl::MLPImpl(int64_t n_embd) {
 }
 
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
-  return c_proj->forward(at::gelu(c_fc->forward(x), "none"));  // exact (erf) GELU
+  const at::Tensor h = c_fc->forward(x);
+  return c_proj->forward(use_fused_kernels(h) ? fused_gelu(h) : at::gelu(h, "none"));  // erf GELU
 }
 
 BlockImpl::BlockImpl(int64_t n_embd, int64_t n_head) {

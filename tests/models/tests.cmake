@@ -2,6 +2,7 @@
 # comparison with PyTorch (tests/golden/gpt_reference.py).
 list(APPEND DSCPP_ENGINE_TEST_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/gpt_test.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/fused_ops_test.cpp
   ${CMAKE_CURRENT_LIST_DIR}/data_test.cpp
   ${CMAKE_CURRENT_LIST_DIR}/safetensors_test.cpp
   ${CMAKE_CURRENT_LIST_DIR}/golden_test.cpp
