@@ -196,6 +196,7 @@ at::Tensor BlockImpl::forward(const at::Tensor& x) {
 // ---------------------------------------------------------------------------------------------
 GPTImpl::GPTImpl(const GPTConfig& config, uint64_t seed) : config_(config) {
   config_.validate();
+  active_gpt_kernels();  // a bad DSCPP_GPT_KERNELS is an error now, not at the first forward
   // Each top-level module is initialised as soon as it is built, drawing from one generator in
   // named_parameters() order (so the values are init_weights(seed)'s), then handed to
   // zero::built: inside a zero::Init scope a unit is sharded before the next one exists.

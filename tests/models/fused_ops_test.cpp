@@ -170,6 +170,8 @@ TEST(GptFusedKernels, KernelPathFollowsTheEnvironment) {
     const std::string msg = testing::error_of<ConfigError>([] { active_gpt_kernels(); });
     EXPECT_NE(msg.find("DSCPP_GPT_KERNELS='fastest'"), std::string::npos) << msg;
     EXPECT_NE(msg.find("auto, avx512, scalar or torch"), std::string::npos) << msg;
+    // Building the GPT already checks it.
+    EXPECT_THROW(GPT(GPTConfig{13, 8, 1, 2, 8}, 1), ConfigError);
   }
   const GptKernels dflt = active_gpt_kernels();
   EXPECT_EQ(dflt, optim::cpu_supports(optim::KernelPath::kAvx512) ? GptKernels::kAvx512
