@@ -56,7 +56,8 @@ struct CausalSoftmax : torch::autograd::Function<CausalSoftmax> {
     const kernels::SoftmaxArgs args{bits(scores), nullptr, mutable_bits(y), t,
                                     static_cast<float>(scale)};
     const auto fn = table().softmax_forward;
-    optim::parallel_items(scores.numel() / t, [&](int64_t b, int64_t e) { fn(args, b, e); });
+    optim::parallel_items((t > 0 ? scores.numel() / t : 0),
+                          [&](int64_t b, int64_t e) { fn(args, b, e); });
     ctx->save_for_backward({y});
     ctx->saved_data["scale"] = scale;
     return y;
@@ -72,7 +73,8 @@ struct CausalSoftmax : torch::autograd::Function<CausalSoftmax> {
     const kernels::SoftmaxArgs args{bits(y), bits(gy), mutable_bits(gx), t,
                                     static_cast<float>(ctx->saved_data["scale"].toDouble())};
     const auto fn = table().softmax_backward;
-    optim::parallel_items(y.numel() / t, [&](int64_t b, int64_t e) { fn(args, b, e); });
+    optim::parallel_items((t > 0 ? y.numel() / t : 0),
+                          [&](int64_t b, int64_t e) { fn(args, b, e); });
     return {gx, at::Tensor()};
   }
 };
@@ -82,7 +84,7 @@ struct LayerNorm : torch::autograd::Function<LayerNorm> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias, double eps) {
     RECORD_FUNCTION("dscpp::layer_norm", std::vector<c10::IValue>());
-    const int64_t c = x.size(-1), rows = x.numel() / c;
+    const int64_t c = x.size(-1), rows = (c > 0 ? x.numel() / c : 0);
     at::Tensor y = at::empty_like(x);
     const auto stats_options = x.options().dtype(at::kFloat);
     at::Tensor mean = at::empty({rows}, stats_options), rstd = at::empty({rows}, stats_options);
@@ -107,7 +109,7 @@ struct LayerNorm : torch::autograd::Function<LayerNorm> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &weight = saved[1], &mean = saved[2], &rstd = saved[3];
     const at::Tensor gy = dense_bf16(grads[0]);
-    const int64_t c = x.size(-1), rows = x.numel() / c;
+    const int64_t c = x.size(-1), rows = (c > 0 ? x.numel() / c : 0);
     at::Tensor gx = at::empty_like(x);
     // The weight and bias gradients are sums over the rows: each chunk of rows adds into its
     // own fp32 pair of [C] partials, summed (and rounded to bf16) once at the end.

@@ -55,7 +55,7 @@ class GlobalGeneratorGuard {
 // - the causal mask: added (0 or -inf) instead of masked_fill_, see CausalSelfAttention.
 // Where the fused bf16 kernels run (NOTE [GPT fused kernels] in fused_ops.h), they replace both.
 at::Tensor layer_norm(torch::nn::LayerNormImpl& ln, const at::Tensor& x) {
-  if (use_fused_kernels(x) && ln.weight.scalar_type() == at::kBFloat16) {
+  if (use_fused_kernels(x) && use_fused_kernels(ln.weight) && use_fused_kernels(ln.bias)) {
     return fused_layer_norm(x, ln.weight, ln.bias, ln.options.eps());
   }
   const auto dtype = x.scalar_type();

@@ -152,6 +152,21 @@ TEST(GptFusedKernels, GeluMatchesFp32MathBothWaysIncludingTheTails) {
   }
 }
 
+TEST(GptFusedKernels, EmptyTensorsGiveEmptyResults) {
+  for (const auto& path : fused_paths()) {
+    ScopedGptKernels use(path);
+    const at::Tensor scores = torch::zeros({2, 3, 0, 0}, at::kBFloat16).requires_grad_();
+    const at::Tensor y = fused_causal_softmax(scores, 0.5);
+    y.sum().backward();
+    EXPECT_EQ(scores.grad().sizes(), scores.sizes()) << path;
+    const at::Tensor w = torch::ones({0}, at::kBFloat16).requires_grad_();
+    const at::Tensor x = torch::zeros({4, 0}, at::kBFloat16).requires_grad_();
+    fused_layer_norm(x, w, torch::zeros({0}, at::kBFloat16), 1e-5).sum().backward();
+    EXPECT_EQ(x.grad().sizes(), x.sizes()) << path;
+    EXPECT_EQ(fused_gelu(torch::zeros({0}, at::kBFloat16)).numel(), 0) << path;
+  }
+}
+
 TEST(GptFusedKernels, KernelPathFollowsTheEnvironment) {
   const at::Tensor bf16 = torch::zeros({4, 4}, at::kBFloat16);
   {
