@@ -3,7 +3,7 @@
 #include "models/fused_ops.h"
 
 #include <ATen/Functions.h>
-#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -40,6 +40,14 @@ uint16_t* mutable_bits(const at::Tensor& t) {
   return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>());
 }
 
+// The backwards below are computed by the kernels, outside autograd: a graph built through them
+// (backward with create_graph, as for a gradient penalty) would silently miss their terms.
+void refuse_double_backward(const char* op) {
+  DSCPP_CHECK(!at::GradMode::is_enabled(), Error, "fused GPT kernels: ", op,
+              " has no double backward (backward ran with create_graph=true). HINT: run with "
+              "DSCPP_GPT_KERNELS=torch, whose ops are twice differentiable");
+}
+
 // A gradient as the kernels read it: contiguous bf16.
 at::Tensor dense_bf16(const at::Tensor& g) {
   DSCPP_CHECK(g.scalar_type() == at::kBFloat16, Error, "fused GPT kernels: gradient of dtype ",
@@ -65,6 +73,7 @@ struct CausalSoftmax : torch::autograd::Function<CausalSoftmax> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     RECORD_FUNCTION("dscpp::causal_softmax_backward", std::vector<c10::IValue>());
+    refuse_double_backward("causal softmax");
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
     const at::Tensor y = ctx->get_saved_variables()[0];
     const at::Tensor gy = dense_bf16(grads[0]);
@@ -80,6 +89,10 @@ struct CausalSoftmax : torch::autograd::Function<CausalSoftmax> {
 };
 
 // ----- layer norm -----------------------------------------------------------------------------
+// The backward's row chunks (their partial sums of the weight and bias gradients): enough to
+// keep 32 threads busy.
+constexpr int64_t kLayerNormChunks = 32;
+
 struct LayerNorm : torch::autograd::Function<LayerNorm> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias, double eps) {
@@ -105,15 +118,17 @@ struct LayerNorm : torch::autograd::Function<LayerNorm> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     RECORD_FUNCTION("dscpp::layer_norm_backward", std::vector<c10::IValue>());
+    refuse_double_backward("layer norm");
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &weight = saved[1], &mean = saved[2], &rstd = saved[3];
     const at::Tensor gy = dense_bf16(grads[0]);
     const int64_t c = x.size(-1), rows = (c > 0 ? x.numel() / c : 0);
     at::Tensor gx = at::empty_like(x);
-    // The weight and bias gradients are sums over the rows: each chunk of rows adds into its
-    // own fp32 pair of [C] partials, summed (and rounded to bf16) once at the end.
-    const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows));
+    // The weight and bias gradients are sums over the rows: each of a fixed number of chunks of
+    // rows adds into its own fp32 pair of [C] partials, summed (and rounded to bf16) once at the
+    // end. Fixed, not one per thread, so the bits do not depend on the thread count.
+    const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(kLayerNormChunks, rows));
     at::Tensor partial = at::zeros({chunks, 2, c}, x.options().dtype(at::kFloat));
     kernels::LayerNormArgs args{};
     args.x = bits(x);
@@ -133,8 +148,11 @@ struct LayerNorm : torch::autograd::Function<LayerNorm> {
         fn(mine, rows * k / chunks, rows * (k + 1) / chunks);
       }
     });
-    const at::Tensor sums = partial.sum(0).to(weight.scalar_type());  // [2, C]
-    return {gx, sums[0], sums[1], at::Tensor()};
+    // Two separate tensors, not views of one buffer: autograd may keep either as a .grad.
+    const auto sum_of = [&](int64_t which) {
+      return partial.select(1, which).sum(0).to(weight.scalar_type());
+    };
+    return {gx, sum_of(0), sum_of(1), at::Tensor()};
   }
 };
 
@@ -152,6 +170,7 @@ struct Gelu : torch::autograd::Function<Gelu> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     RECORD_FUNCTION("dscpp::gelu_backward", std::vector<c10::IValue>());
+    refuse_double_backward("GELU");
     if (!grads[0].defined()) return {at::Tensor()};
     const at::Tensor x = ctx->get_saved_variables()[0];
     const at::Tensor gy = dense_bf16(grads[0]);

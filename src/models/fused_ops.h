@@ -10,7 +10,8 @@
 // direction, skip the masked half of the scores, and round each result once. They replace
 // libtorch's ops only for contiguous bf16 CPU tensors; fp32 and fp16 run libtorch's ops, so
 // fp32 stays identical to tests/golden/gpt_reference.py. Their backwards are not themselves
-// differentiable (no double backward). Measured gains: docs/benchmarks.md, "bf16 levers".
+// differentiable: a backward with create_graph through them throws. Measured gains:
+// docs/benchmarks.md, "bf16 levers".
 //
 // DSCPP_GPT_KERNELS chooses: auto (the default: avx512 where the CPU has AVX-512F, else torch),
 // avx512, scalar (the fused kernels one float at a time; slower than libtorch's vectorized ops,

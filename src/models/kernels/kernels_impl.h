@@ -8,8 +8,8 @@
 // load_bf16/store_bf16 (unaligned); set1, zero; add, sub, mul, reciprocal (1/a to ~1e-7
 // relative); fmadd(a, b, c) = a*b + c;
 // fnmadd(a, b, c) = c - a*b; max/min (the second operand when either is NaN); abs; sqrt; round
-// (to nearest even); pow2(n) = 2^n for integral n in [-126, 127]; select_negative(x, a, b) =
-// x < 0 ? a : b; reduce_add and reduce_max over the lanes.
+// (to nearest even); pow2(n) = 2^n for integral n in [-126, 127] and 0 for n = -127;
+// select_negative(x, a, b) = x < 0 ? a : b; reduce_add and reduce_max over the lanes.
 //
 // A loop over a row runs Vec over its largest multiple of kWidth elements and Scalar over the
 // rest (each, sum_of, max_of below), so any length works and no load reads past the row.
@@ -51,12 +51,13 @@ float max_of(int64_t n, const F& f) {
 }
 
 // exp(x) in fp32 (Cephes' expf: x = n ln2 + r, |r| <= ln2/2, a degree-6 polynomial in r;
-// relative error ~1e-7). x is clamped to [-87, 88], so exp(-inf) is ~1e-38, not 0; a NaN stays
-// NaN (the clamp keeps the second operand of max/min, here x).
+// relative error ~1e-7). x is clamped to [-88, 88]; below about -87.7 (where exp(x) would be
+// subnormal) n rounds to -127 and the result is exactly 0, so exp(-inf) = 0. A NaN stays NaN
+// (the clamp keeps the second operand of max/min, here x).
 template <class W>
 typename W::T exp_approx(typename W::T x) {
   using T = typename W::T;
-  x = W::min(W::set1(88.0f), W::max(W::set1(-87.0f), x));
+  x = W::min(W::set1(88.0f), W::max(W::set1(-88.0f), x));
   const T n = W::round(W::mul(x, W::set1(1.44269504088896341f)));
   T r = W::fnmadd(n, W::set1(0.693359375f), x);
   r = W::fnmadd(n, W::set1(-2.12194440e-4f), r);
@@ -184,11 +185,13 @@ void layer_norm_backward(const LayerNormArgs& a, int64_t row_begin, int64_t row_
 // ----- GELU -----------------------------------------------------------------------------------
 // Phi(x) and exp(-x^2/2) for the GELU: erfc(z) ~ poly(t) * exp(-z^2), t = 1 / (1 + p z) for
 // z = |x| / sqrt(2) >= 0 (Abramowitz and Stegun 7.1.26); Phi(-|x|) = erfc(z) / 2 directly (no
-// 1 - (1 - tail) cancellation), Phi(|x|) = 1 - Phi(-|x|).
+// 1 - (1 - tail) cancellation), Phi(|x|) = 1 - Phi(-|x|). z is capped at 10, where exp(-z^2)
+// is already 0 in fp32: an infinite z would make the vector reciprocal's Newton step inf * 0.
+// So gelu(inf) = inf, and gelu(-inf) and both gradients at +-inf are NaN, as in libtorch.
 template <class W>
 void normal_cdf(typename W::T x, typename W::T& phi, typename W::T& gauss) {
   using T = typename W::T;
-  const T z = W::mul(W::abs(x), W::set1(0.70710678118654752f));
+  const T z = W::min(W::set1(10.0f), W::mul(W::abs(x), W::set1(0.70710678118654752f)));
   const T t = W::reciprocal(W::fmadd(W::set1(0.3275911f), z, W::set1(1.0f)));
   T poly = W::set1(1.061405429f);
   poly = W::fmadd(poly, t, W::set1(-1.453152027f));

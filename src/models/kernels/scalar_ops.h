@@ -34,8 +34,10 @@ struct Scalar : optim_ops::Scalar {
   static T min(T a, T b) { return a < b ? a : b; }
   static T abs(T a) { return __builtin_fabsf(a); }
   static T round(T a) { return __builtin_rintf(a); }  // to nearest even
-  // 2^n for an integral n in [-126, 127].
+  // 2^n for an integral n in [-126, 127], 0 for n = -127 (the exponent field's zero); NaN for
+  // a NaN n (the cast below would be undefined).
   static T pow2(T n) {
+    if (n != n) return n;
     const uint32_t u = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
     float x;
     __builtin_memcpy(&x, &u, sizeof x);
