@@ -14,6 +14,7 @@
 #          cache in 8 MiB blocks (the best block size here), once with O_DIRECT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh  # median
 ROUNDS=${1:-3}
 MODEL=${MODEL:-small}
 if [ "$MODEL" = 150m ]; then
@@ -31,7 +32,6 @@ JSON
 export OMP_NUM_THREADS=1
 port=$((21000 + RANDOM % 9000))
 
-median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 
 printf "%-6s %8s %11s %11s %12s %12s %8s %8s\n" round MiB "first s" "steady s" "steady MiB/s" "plain MiB/s" "direct" "ratio"
 ratios=() directs=() steadies=() firsts=()
@@ -66,6 +66,6 @@ for round in $(seq 1 "$ROUNDS"); do
   ratios+=("$ratio") directs+=("$(awk -v a="$save_bw" -v b="$direct_bw" 'BEGIN {printf "%.3f", a / b}')")
   steadies+=("$steady") firsts+=("${secs[0]}")
 done
-echo "medians: first save $(printf '%s\n' "${firsts[@]}" | median) s, steady save $(printf '%s\n' "${steadies[@]}" | median) s;" \
-  "steady save / plain buffered write $(printf '%s\n' "${ratios[@]}" | median)," \
-  "/ plain O_DIRECT write $(printf '%s\n' "${directs[@]}" | median)"
+echo "medians: first save $(median "${firsts[@]}") s, steady save $(median "${steadies[@]}") s;" \
+  "steady save / plain buffered write $(median "${ratios[@]}")," \
+  "/ plain O_DIRECT write $(median "${directs[@]}")"

@@ -13,6 +13,7 @@
 # bf16 matmuls. Needs build/ and ../shared/data/tinyshakespeare.txt)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh  # median
 ROUNDS=${1:-3}
 STEPS=${2:-40}
 DATA=${DATA:-../shared/data/tinyshakespeare.txt}
@@ -51,5 +52,4 @@ for r in $(seq "$ROUNDS"); do
   rt+=("$(awk -v a="$tt" -v b="$tb" 'BEGIN {printf "%.3f", a / b}')")
   printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$r" "$ta" "$tt" "$tb" "${ra[-1]}" "${rt[-1]}" "$(rss <<<"$a")" "$(rss <<<"$b")"
 done
-median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
 printf '| median | | | | %s | %s | | |\n' "$(median "${ra[@]}")" "$(median "${rt[@]}")"

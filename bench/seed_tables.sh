@@ -37,6 +37,7 @@
 # defaults.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh  # median
 CAP=4 ROUNDS=3 BATCH=12 SAMPLES=48 TABLES=ABC MAX_MB=16 PROBES=
 while [ $# -gt 0 ]; do
   case $1 in
@@ -170,7 +171,6 @@ max_mb() {
   MAX=$m
 }
 
-median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
 
 # table PREC BATCH SAMPLES SYSTEM...: the max micro-batches, then ROUNDS alternated timed rounds
 # in which every system trains SAMPLES samples in optimizer steps of BATCH samples per rank (the

@@ -26,6 +26,7 @@
 # Needs build/ (and, for DDP, python3-torch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh  # median
 MODE=${1:-memory}
 MODEL=${MODEL:-small}
 if [ "$MODEL" = 150m ]; then
@@ -87,7 +88,6 @@ if [ "${DDP:-0}" = 1 ] && [ -z "$DATA" ]; then
 fi
 tput() { grep -o 'throughput: [0-9.]*' | awk '{print $2}'; }
 peak_rss() { grep -o 'peak RSS [0-9.]*' | awk '{if ($3 > m) m = $3} END {printf "%.0f", m}'; }
-median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
 
 if [ "$MODE" = memory ]; then
   STEPS=${2:-2}

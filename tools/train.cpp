@@ -6,7 +6,6 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <signal.h>
-#include <sys/resource.h>
 #include <torch/cuda.h>
 #include <torch/version.h>
 
@@ -27,11 +26,13 @@
 #include "engine/estimate.h"
 #include "tools.h"
 #include "util/log.h"
+#include "util/memory.h"
 
 namespace dscpp::tools {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr double kMiB = 1 << 20;
 
 struct TrainArgs {
   std::string config, data, init, save_final, metrics, level, device = "cpu", save_dir;
@@ -197,10 +198,8 @@ int train_main(int argc, char** argv) {
   model->to(device);
   model->set_activation_checkpointing(a.checkpoint_activations);
   if (stage3) {
-    struct rusage built {};
-    getrusage(RUSAGE_SELF, &built);
     DSCPP_LOG_INFO("built the GPT sharded (zero::Init): peak RSS so far {:.1f} MiB",
-                   built.ru_maxrss / 1024.0);
+                   peak_rss_bytes() / kMiB);
   }
   // Below stage 3 only rank 0 reads --init (the file may exist on its host alone) and the engine
   // broadcasts rank 0's weights; at stage 3 every rank reads its own shards after set-up.
@@ -340,13 +339,11 @@ int train_main(int argc, char** argv) {
       double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
       const int64_t done = s + 1 - first_step;  // steps this run
       double tok_s = done * engine.train_batch_size() * a.block_size / elapsed;
-      struct rusage ru {};
-      getrusage(RUSAGE_SELF, &ru);
       std::cout << fmt::format(
                        "step {:>{}}/{} | loss {:.4f} | lr {:.3e} | {:.0f} tokens/s | ETA {} | "
                        "peak RSS {:.0f} MiB{}",
                        s + 1, std::to_string(a.steps).size(), a.steps, st.loss, st.lr, tok_s,
-                       fmt_eta(elapsed / done * (a.steps - s - 1)), ru.ru_maxrss / 1024.0,
+                       fmt_eta(elapsed / done * (a.steps - s - 1)), peak_rss_bytes() / kMiB,
                        st.skipped ? " | fp16 overflow: step skipped" : "")
                 << std::endl;
     }
@@ -357,15 +354,12 @@ int train_main(int argc, char** argv) {
   }
   const auto end = Clock::now();
   const double steady_s = std::chrono::duration<double>(end - steady_start).count();
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
   const MemoryStats mem = engine.memory_stats();
-  constexpr double kMiB = 1 << 20;
   std::cout << fmt::format(
                    "rank {}: peak RSS {:.1f} MiB; model states {:.2f} MiB (params {:.2f}, "
                    "grads {:.2f}, fp32 master {:.2f}, optimizer {:.2f}), gradient staging "
                    "{:.2f} MiB; {} parameters",
-                   rank, ru.ru_maxrss / 1024.0, mem.model_states() / kMiB, mem.params / kMiB,
+                   rank, peak_rss_bytes() / kMiB, mem.model_states() / kMiB, mem.params / kMiB,
                    mem.grads / kMiB, mem.master / kMiB, mem.optimizer_state / kMiB,
                    mem.staging / kMiB, gc.num_parameters())
             << (mem.offload_buffers > 0

@@ -146,10 +146,7 @@ std::vector<std::string> check_supported(const Config& c, const SupportContext& 
               "comet.enabled is not supported: Comet logs through its Python client and "
               "service, which a C++ program does not have. HINT: enable tensorboard or "
               "csv_monitor (same tags as DeepSpeed's) and import those files into Comet");
-  DSCPP_CHECK(!c.tensorboard.enabled || monitor::have_tensorboard(), ConfigError,
-              "tensorboard.enabled: this dscpp was built without protobuf, which writes "
-              "TensorBoard's event files. HINT: install protobuf-compiler and libprotobuf-dev, "
-              "configure and build again, or use csv_monitor");
+  if (c.tensorboard.enabled) monitor::require_tensorboard();
   return warnings;
 }
 

@@ -2,7 +2,6 @@
 // boundary (apply_step() reads top to bottom), flush_accumulation() at an epoch's ragged end.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -13,6 +12,7 @@
 #include "engine/engine_impl.h"
 #include "util/fault_inject.h"
 #include "util/log.h"
+#include "util/memory.h"
 
 namespace dscpp::engine {
 namespace {
@@ -34,13 +34,6 @@ double rss_gib() {
   long pages = 0, resident = 0;
   f >> pages >> resident;
   return resident * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1 << 30);
-}
-
-// Peak resident set size of this process in GiB.
-double peak_rss_gib() {
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_maxrss / double(1 << 20);  // KiB
 }
 
 // Sum of squares in double, in chunks (no full-size double copy of a large shard), read once.
@@ -724,7 +717,7 @@ void EngineImpl::write_monitors() {
     if (tokens_per_sample_ > 0) add("tokens_per_sec", s.samples_per_s * tokens_per_sample_);
   }
   add("rss_gib", rss_gib());
-  add("peak_rss_gib", peak_rss_gib());
+  add("peak_rss_gib", static_cast<double>(peak_rss_bytes()) / (1 << 30));
   if (config_.wall_clock_breakdown && !s.skipped) {
     add("elapsed_time_ms_forward", (s.seconds - t_backward_ - t_optimizer_) * 1e3);
     add("elapsed_time_ms_backward", t_backward_ * 1e3);

@@ -38,9 +38,11 @@ class Writer {
 // reads every such file in a folder, so a resumed run adds one beside the earlier run's), in
 // TFRecord framing with CRC-32C checksums, one Event per scalar; the first record names the
 // format ("brain.Event:2"). Creates DIR. Throws IoError, or ConfigError when this build has no
-// protobuf (have_tensorboard()).
+// protobuf (require_tensorboard()).
 std::unique_ptr<Writer> make_tensorboard_writer(const std::string& dir, io::FileSystem* fs);
-bool have_tensorboard();
+// Throws ConfigError, saying what to install, when this build has no protobuf and so cannot
+// write TensorBoard's event files; returns otherwise.
+void require_tensorboard();
 
 // csv_monitor: DeepSpeed's layout, one file per tag: DIR/<tag with '/' and ' ' replaced by
 // '_'>.csv with the header "step,<the tag's last '/' part>" and a "step,value" row per event.

@@ -93,7 +93,7 @@ class TensorBoardWriter final : public Writer {
 
 }  // namespace
 
-bool have_tensorboard() { return true; }
+void require_tensorboard() {}
 
 std::unique_ptr<Writer> make_tensorboard_writer(const std::string& dir, io::FileSystem* fs) {
   return std::make_unique<TensorBoardWriter>(dir, io::resolve(fs));
@@ -101,13 +101,16 @@ std::unique_ptr<Writer> make_tensorboard_writer(const std::string& dir, io::File
 
 #else  // no protobuf in this build
 
-bool have_tensorboard() { return false; }
-
-std::unique_ptr<Writer> make_tensorboard_writer(const std::string&, io::FileSystem*) {
+void require_tensorboard() {
   DSCPP_FAIL(ConfigError,
              "tensorboard.enabled: this dscpp was built without protobuf, which writes "
              "TensorBoard's event files. HINT: install protobuf-compiler and libprotobuf-dev, "
              "configure and build again, or use csv_monitor");
+}
+
+std::unique_ptr<Writer> make_tensorboard_writer(const std::string&, io::FileSystem*) {
+  require_tensorboard();
+  return nullptr;  // not reached
 }
 
 #endif

@@ -1,5 +1,7 @@
-// Implements return_freed_memory and keep_freed_memory_for_reuse (memory.h).
+// Implements return_freed_memory, keep_freed_memory_for_reuse and peak_rss_bytes (memory.h).
 #include "util/memory.h"
+
+#include <sys/resource.h>
 
 #include <cstdlib>  // defines __GLIBC__ on glibc
 #include <cstring>
@@ -11,6 +13,12 @@
 #endif
 
 namespace dscpp {
+
+int64_t peak_rss_bytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // KiB on Linux
+}
 
 void return_freed_memory() {
 #if defined(__GLIBC__)

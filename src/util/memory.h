@@ -1,7 +1,13 @@
-// Returning freed heap memory to the system, and keeping it for reuse while training.
+// Returning freed heap memory to the system, keeping it for reuse while training, and the
+// process's peak resident memory.
 #pragma once
 
+#include <cstdint>
+
 namespace dscpp {
+
+// The most memory this process has held resident so far, in bytes (getrusage's ru_maxrss).
+int64_t peak_rss_bytes();
 
 // Hands the pages of freed heap memory back to the system (glibc's malloc_trim; a no-op
 // elsewhere). The engine calls it after it frees a model's worth of memory at once (the original

@@ -91,7 +91,8 @@ GradReducer::GradReducer(std::vector<at::Tensor> params, std::vector<std::string
     bucket_of_param_[i] = static_cast<int>(buckets_.size()) - 1;
   }
   got_grad_.assign(params_.size(), 0);
-  finite_.assign(params_.size(), at::Tensor());
+  sums_ = at::Tensor();
+  sum_slots_.clear();
   DSCPP_LOG_DEBUG("gradient buckets: {} over {} parameters (reduce_bucket_size {})",
                   buckets_.size(), params_.size(), options_.reduce_bucket_size);
 }
@@ -215,13 +216,16 @@ void GradReducer::on_grad_ready(int param) {
   if (options_.check_finite) {
     // Its whole gradient for this reduction is in .grad now (any dtype sums in fp32 or wider;
     // a sum overflowing to Inf needs gradients near the dtype's limit, non-finite in any norm).
-    // The flag stays a tensor: reading it here would wait for the device once per parameter in
-    // backward; only the error path (first_nonfinite) reads it.
+    // The sums stay on the device: reading one here would wait for it once per parameter in
+    // backward; only the error path (first_nonfinite) reads them.
     const at::Tensor& g = params_[param].grad();
     if (g.defined()) {
-      at::Tensor finite = at::isfinite(g.sum());
-      at::Tensor& flag = finite_[param];
-      flag = flag.defined() ? at::logical_and(flag, finite) : finite;
+      if (!sums_.defined()) {
+        sums_ = at::zeros({static_cast<int64_t>(params_.size())}, g.options().dtype(at::kFloat));
+        sum_slots_.clear();
+        for (int64_t p = 0; p < sums_.numel(); ++p) sum_slots_.push_back(sums_.select(0, p));
+      }
+      sum_slots_[param].add_(g.sum());
     }
   }
   mark_ready_locked(param);
@@ -230,15 +234,18 @@ void GradReducer::on_grad_ready(int param) {
 
 int GradReducer::first_nonfinite() const {
   std::lock_guard<std::mutex> g(mu_);
-  for (size_t p = 0; p < finite_.size(); ++p) {
-    if (finite_[p].defined() && !finite_[p].item<bool>()) return static_cast<int>(p);
+  if (!sums_.defined()) return -1;
+  const at::Tensor sums = sums_.to(at::kCPU).contiguous();
+  const float* s = sums.data_ptr<float>();
+  for (int64_t p = 0; p < sums.numel(); ++p) {
+    if (!std::isfinite(s[p])) return static_cast<int>(p);
   }
   return -1;
 }
 
 void GradReducer::clear_nonfinite() {
   std::lock_guard<std::mutex> g(mu_);
-  for (at::Tensor& flag : finite_) flag = at::Tensor();
+  if (sums_.defined()) sums_.zero_();
 }
 
 bool GradReducer::late_gradient() const {

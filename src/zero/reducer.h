@@ -214,9 +214,12 @@ class GradReducer {
   // it (counted ready before backward).
   std::vector<char> got_grad_;
   bool late_gradient_ = false;
-  // Per parameter, with check_finite: whether its gradients reduced since clear_nonfinite()
-  // were all finite (a bool tensor on the device; undefined before the first).
-  std::vector<at::Tensor> finite_;
+  // With check_finite: per parameter, the sum of its gradients reduced since clear_nonfinite()
+  // (fp32 on the gradients' device; made at the first), finite exactly when they all were (an
+  // Inf or NaN element makes its sum, and every later sum it is added to, non-finite). One
+  // element view per parameter, so the hook costs two ops (sum, add_).
+  at::Tensor sums_;
+  std::vector<at::Tensor> sum_slots_;
   size_t next_bucket_ = 0;
   // The hooked gradient accumulators (kept alive) and their hooks, removed on destruction so a
   // model that outlives its engine never calls into a dead reducer.

@@ -221,6 +221,39 @@ TEST(Engine, BackwardThatThrowsOnOneRankDropsTheWindowEverywhere) {
   }
 }
 
+// A NaN gradient on one rank with every loss finite: step() refuses the step and names the rank
+// and its first parameter (in model order) whose own gradient was non-finite before averaging,
+// from the per-parameter sums the reducer keeps on the device. At stage 0 (one reduction per
+// window) and stage 2 with GAS 2 (a reduction per micro-batch: the NaN comes in the second).
+TEST(Engine, NonFiniteGradientNamesTheRankAndItsFirstParameter) {
+  for (auto [stage, gas] : {std::pair{0, 1}, std::pair{2, 2}}) {
+    auto errors = run_thread_ranks(2, [&, stage = stage, gas = gas](Communicator& c) {
+      Net net = make_net(3);
+      std::string cfg = config_json(4 * gas, 2,
+                                    ", \"optimizer\": {\"type\": \"SGD\", \"params\": {\"lr\": "
+                                    "0.1}}, \"zero_optimization\": {\"stage\": " +
+                                        std::to_string(stage) + "}");
+      auto engine = initialize(net.ptr(), cfg, borrowed(c));
+      auto X = dataset_x().narrow(0, 2 * c.rank(), 2), Y = dataset_y().narrow(0, 2 * c.rank(), 2);
+      for (int k = 0; k < gas; ++k) {
+        at::Tensor h = at::tanh(net->fc1->forward(X));
+        if (c.rank() == 1 && k == gas - 1) {
+          h.register_hook([](at::Tensor g) { return g * std::nan(""); });  // fc1's gradients
+        }
+        engine->backward(at::mse_loss(net->fc2->forward(h), Y));
+        if (k + 1 < gas) engine->step();
+      }
+      const std::string msg = testing::error_of<Error>([&] { engine->step(); });
+      EXPECT_NE(msg.find("although every loss was finite"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("non-finite before averaging on rank 1 (first in 'fc1.weight')"),
+                std::string::npos)
+          << msg;
+      EXPECT_EQ(engine->global_steps(), 0);
+    });
+    for (auto& e : errors) ASSERT_FALSE(e) << "stage " << stage << ": " << error_text(e);
+  }
+}
+
 // A zero-element parameter registered first shares offset 0 with the next bucket: the side
 // channel must still ride in exactly one bucket (summing it twice would double the micro-step
 // count and halve the update).

@@ -52,5 +52,18 @@ TEST(KeepFreedMemory, ABlockBelow32MiBComesFromTheHeapAndStaysThereWhenFreed) {
 }
 #endif
 
+// The peak grows by at least what the process touches beyond it, in bytes.
+TEST(PeakRss, CountsMemoryTouchedBeyondTheEarlierPeak) {
+  const int64_t before = peak_rss_bytes();
+  EXPECT_GT(before, 0);
+  const size_t size = static_cast<size_t>(before) + (64 << 20);  // surely past the old peak
+  char* block = static_cast<char*>(std::malloc(size));
+  ASSERT_NE(block, nullptr);
+  std::memset(block, 1, size);
+  const int64_t after = peak_rss_bytes();
+  EXPECT_GE(after, before + (64 << 20) - (8 << 20)) << "before " << before << ", after " << after;
+  std::free(block);
+}
+
 }  // namespace
 }  // namespace dscpp

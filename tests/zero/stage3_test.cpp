@@ -11,7 +11,9 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/embedding.h>
 
+#include <chrono>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 
 #include "dscpp/engine.h"
@@ -349,6 +351,57 @@ struct MisuseNetImpl : torch::nn::Module {
   torch::nn::Linear other{nullptr};
 };
 TORCH_MODULE(MisuseNet);
+
+// A backward that fails on one rank at stage 3: the other rank's backward goes on gathering
+// the units' parameters, which the failing rank skips, so the collectives cannot stay in step
+// (they fail at once or at the timeout, never hang). The failing rank still throws its own error
+// (the cause), and its engine then refuses to go on, naming the collectives' failure; the other
+// rank gets an error too, and both threads finish.
+TEST(EngineZero3, BackwardThatThrowsOnOneRankKeepsItsCauseAndStopsTheEngine) {
+  comm::CommOptions options;
+  options.timeout = std::chrono::seconds(5);
+  std::vector<std::string> step_errors(2);
+  std::string backward_error;
+  const auto start = std::chrono::steady_clock::now();
+  auto errors = run_thread_ranks(
+      2,
+      [&](Communicator& c) {
+        StackNet net = make_stack_net(100 + c.rank());
+        InitOptions opts = borrowed(c);
+        opts.zero_units = kEverything;
+        auto engine = initialize(
+            net.ptr(),
+            config_json(4, 2, kAdamW + zero3(", \"stage3_param_persistence_threshold\": 0")), opts);
+        auto X = dataset_x().narrow(0, 2 * c.rank(), 2), Y = dataset_y().narrow(0, 2 * c.rank(), 2);
+        at::Tensor out = net->forward(X);
+        if (c.rank() == 1) {
+          out.register_hook([](at::Tensor) -> at::Tensor { throw std::runtime_error("boom"); });
+          try {
+            engine->backward(at::mse_loss(out, Y));
+          } catch (const std::exception& e) {
+            backward_error = e.what();
+          }
+        } else {
+          try {
+            engine->backward(at::mse_loss(out, Y));
+            engine->step();
+          } catch (const std::exception& e) {
+            step_errors[0] = e.what();
+          }
+        }
+        if (c.rank() == 1) step_errors[1] = testing::error_of<Error>([&] { engine->step(); });
+      },
+      options);
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+  // The cause, not the collectives' mismatch that followed it.
+  EXPECT_NE(backward_error.find("boom"), std::string::npos) << backward_error;
+  EXPECT_NE(step_errors[1].find("the engine stopped after an earlier failure"), std::string::npos)
+      << step_errors[1];
+  EXPECT_NE(step_errors[1].find("collectives fell out of step"), std::string::npos)
+      << step_errors[1];
+  EXPECT_FALSE(step_errors[0].empty()) << "rank 0 trained on as if nothing had happened";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+}
 
 TEST(EngineZero3, MisuseIsAClearError) {
   auto errors = run_thread_ranks(2, [&](Communicator& c) {
