@@ -32,7 +32,6 @@ JSON
 export OMP_NUM_THREADS=1
 port=$((21000 + RANDOM % 9000))
 
-
 printf "%-6s %8s %11s %11s %12s %12s %8s %8s\n" round MiB "first s" "steady s" "steady MiB/s" "plain MiB/s" "direct" "ratio"
 ratios=() directs=() steadies=() firsts=()
 for round in $(seq 1 "$ROUNDS"); do

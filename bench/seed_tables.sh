@@ -171,7 +171,6 @@ max_mb() {
   MAX=$m
 }
 
-
 # table PREC BATCH SAMPLES SYSTEM...: the max micro-batches, then ROUNDS alternated timed rounds
 # in which every system trains SAMPLES samples in optimizer steps of BATCH samples per rank (the
 # same steps on the same data for all: micro-batch u, the largest divisor of BATCH not above the

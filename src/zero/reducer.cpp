@@ -91,8 +91,6 @@ GradReducer::GradReducer(std::vector<at::Tensor> params, std::vector<std::string
     bucket_of_param_[i] = static_cast<int>(buckets_.size()) - 1;
   }
   got_grad_.assign(params_.size(), 0);
-  sums_ = at::Tensor();
-  sum_slots_.clear();
   DSCPP_LOG_DEBUG("gradient buckets: {} over {} parameters (reduce_bucket_size {})",
                   buckets_.size(), params_.size(), options_.reduce_bucket_size);
 }
@@ -214,16 +212,19 @@ void GradReducer::on_grad_ready(int param) {
   got_grad_[param] = 1;
   if (!reducing_) return;
   if (options_.check_finite) {
-    // Its whole gradient for this reduction is in .grad now (any dtype sums in fp32 or wider;
-    // a sum overflowing to Inf needs gradients near the dtype's limit, non-finite in any norm).
-    // The sums stay on the device: reading one here would wait for it once per parameter in
-    // backward; only the error path (first_nonfinite) reads them.
+    // Its whole gradient for this reduction is in .grad now (any dtype sums in fp32 or wider
+    // and rounds to its own, whose range is fp32's or more; a sum overflowing to Inf needs
+    // gradients near the dtype's limit, non-finite in any norm). The sums stay on the device:
+    // reading one here would wait for it once per parameter in backward; only the error path
+    // (first_nonfinite) reads them.
     const at::Tensor& g = params_[param].grad();
     if (g.defined()) {
       if (!sums_.defined()) {
-        sums_ = at::zeros({static_cast<int64_t>(params_.size())}, g.options().dtype(at::kFloat));
-        sum_slots_.clear();
-        for (int64_t p = 0; p < sums_.numel(); ++p) sum_slots_.push_back(sums_.select(0, p));
+        at::Tensor sums = at::zeros({static_cast<int64_t>(params_.size())}, g.options());
+        std::vector<at::Tensor> slots;
+        for (int64_t p = 0; p < sums.numel(); ++p) slots.push_back(sums.select(0, p));
+        sums_ = std::move(sums);
+        sum_slots_ = std::move(slots);
       }
       sum_slots_[param].add_(g.sum());
     }
@@ -235,8 +236,8 @@ void GradReducer::on_grad_ready(int param) {
 int GradReducer::first_nonfinite() const {
   std::lock_guard<std::mutex> g(mu_);
   if (!sums_.defined()) return -1;
-  const at::Tensor sums = sums_.to(at::kCPU).contiguous();
-  const float* s = sums.data_ptr<float>();
+  const at::Tensor sums = sums_.to(at::kCPU, at::kDouble).contiguous();
+  const double* s = sums.data_ptr<double>();
   for (int64_t p = 0; p < sums.numel(); ++p) {
     if (!std::isfinite(s[p])) return static_cast<int>(p);
   }

@@ -215,9 +215,9 @@ class GradReducer {
   std::vector<char> got_grad_;
   bool late_gradient_ = false;
   // With check_finite: per parameter, the sum of its gradients reduced since clear_nonfinite()
-  // (fp32 on the gradients' device; made at the first), finite exactly when they all were (an
-  // Inf or NaN element makes its sum, and every later sum it is added to, non-finite). One
-  // element view per parameter, so the hook costs two ops (sum, add_).
+  // (in the gradients' dtype on their device; made at the first): an Inf or NaN element makes
+  // its sum, and every later sum it is added to, non-finite. One element view per parameter, so
+  // the hook costs two ops (sum, add_).
   at::Tensor sums_;
   std::vector<at::Tensor> sum_slots_;
   size_t next_bucket_ = 0;

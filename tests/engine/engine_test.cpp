@@ -223,8 +223,9 @@ TEST(Engine, BackwardThatThrowsOnOneRankDropsTheWindowEverywhere) {
 
 // A NaN gradient on one rank with every loss finite: step() refuses the step and names the rank
 // and its first parameter (in model order) whose own gradient was non-finite before averaging,
-// from the per-parameter sums the reducer keeps on the device. At stage 0 (one reduction per
-// window) and stage 2 with GAS 2 (a reduction per micro-batch: the NaN comes in the second).
+// from the per-parameter sums the reducer keeps on the device, and the next window trains. At
+// stage 0 (one reduction per window) and stage 2 with GAS 2 (a reduction per micro-batch: the
+// NaN comes in the second).
 TEST(Engine, NonFiniteGradientNamesTheRankAndItsFirstParameter) {
   for (auto [stage, gas] : {std::pair{0, 1}, std::pair{2, 2}}) {
     auto errors = run_thread_ranks(2, [&, stage = stage, gas = gas](Communicator& c) {
@@ -249,6 +250,12 @@ TEST(Engine, NonFiniteGradientNamesTheRankAndItsFirstParameter) {
                 std::string::npos)
           << msg;
       EXPECT_EQ(engine->global_steps(), 0);
+      // The next window starts from clean sums: finite gradients train.
+      for (int k = 0; k < gas; ++k) {
+        engine->backward(at::mse_loss(net->forward(X), Y));
+        engine->step();
+      }
+      EXPECT_EQ(engine->global_steps(), 1);
     });
     for (auto& e : errors) ASSERT_FALSE(e) << "stage " << stage << ": " << error_text(e);
   }

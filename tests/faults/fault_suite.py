@@ -94,6 +94,7 @@ def case_title(case):
 
 
 CASE_ORDER = [case_title(c)[0] for c in ALL_CASES]
+CASE_KEY = {case_title(c)[0]: c for c in ALL_CASES}  # the report's name -> the --cases key
 
 
 def need_root(why):
@@ -1055,13 +1056,14 @@ def write_report(args, suite):
         worst = "%.1f s" % r["worst_s"] if r["worst_s"] is not None else "-"
         rows[r["case"]] = "| %s | %s | %d | %d | %s | %d | %d | %s, %s | %s |" % (
             r["case"], r["bound"], r["trials"], r["within"], worst, r["left"], r["lost"],
-            "%d" % args.seed, day,
+            "%d (--cases %s)" % (args.seed, CASE_KEY.get(r["case"], "?")), day,
             FIXES.get(r["case"], ""))
     order = [c for c in CASE_ORDER if c in rows] + sorted(c for c in rows if c not in CASE_ORDER)
     lines = [
         "Rows written by `scripts/fault_suite.sh` (`tests/faults/fault_suite.py --report`), each "
-        "by the run its seed cell names: `scripts/fault_suite.sh --seed S --cases CASE` draws "
-        "the same trials again (each case has a random stream of its own). Rows dated "
+        "by the run its seed cell names: `scripts/fault_suite.sh --seed S --cases CASE` with the "
+        "seed and case it names draws the same trials again (each case has a random stream of "
+        "its own). Rows dated "
         "2026-12-02 were drawn from one stream over the whole run: they reproduce with the "
         "suite of commit d67e66d and the `--cases` they name. Each trial is a real `dscpp "
         "launch` job of 2-4 processes on this 2-core machine.",

@@ -10,9 +10,12 @@
 #include <array>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
+#include <iostream>
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dscpp/error.h"
@@ -46,7 +49,15 @@ class ScopedGptKernels {
 
 std::vector<std::string> fused_paths() {
   std::vector<std::string> paths = {"scalar"};
-  if (optim::cpu_supports(optim::KernelPath::kAvx512)) paths.push_back("avx512");
+  if (optim::cpu_supports(optim::KernelPath::kAvx512)) {
+    paths.push_back("avx512");
+  } else {
+    static const bool said = [] {
+      std::cout << "[   NOTE   ] this CPU has no AVX-512F: only the scalar kernels are tested\n";
+      return true;
+    }();
+    (void)said;
+  }
   return paths;
 }
 
@@ -170,11 +181,10 @@ TEST(GptFusedKernels, GeluMatchesFp32MathBothWaysIncludingTheTails) {
 // gelu(inf) = inf, gelu(-inf) = NaN, NaN gradients at both, NaN from NaN.
 TEST(GptFusedKernels, GeluOfInfinitiesAndNanIsLibtorchs) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
-  std::vector<float> values = {inf, -inf, nan, 1.f};
-  for (int i = 0; i < 3; ++i) values.insert(values.end(), values.begin(), values.begin() + 4);
-  values.resize(19, 2.f);  // 16 vector lanes, 3 in the tail
-  values[17] = inf;
-  values[18] = -inf;
+  // 16 vector lanes (four times inf, -inf, NaN, 1), then 3 in the scalar tail.
+  std::vector<float> values;
+  for (int i = 0; i < 4; ++i) values.insert(values.end(), {inf, -inf, nan, 1.f});
+  values.insert(values.end(), {nan, inf, -inf});
   const at::Tensor x = torch::tensor(values).to(at::kBFloat16);
   const at::Tensor xf = x.to(at::kFloat).requires_grad_();
   const at::Tensor want = torch::gelu(xf);
@@ -239,18 +249,21 @@ TEST(GptFusedKernels, RoundsToBf16AsC10Does) {
 }
 
 // A softmax row that holds -inf scores gives them exactly 0 (exp underflows to 0, not to a
-// subnormal); a row with a NaN is NaN, in vector lanes and tail alike.
+// subnormal); a row with a NaN or a +inf score is NaN (as libtorch's), in vector lanes and tail
+// alike.
 TEST(GptFusedKernels, CausalSoftmaxOfInfiniteAndNanScores) {
   const int64_t t = 21;
   at::Tensor x = torch::zeros({t, t});
   x[20].slice(0, 0, 18).fill_(-std::numeric_limits<float>::infinity());  // keys 18..20 remain
   x[19][3] = std::nanf("");
+  x[17][2] = std::numeric_limits<float>::infinity();
   for (const auto& path : fused_paths()) {
     ScopedGptKernels use(path);
     const at::Tensor y = fused_causal_softmax(x.to(at::kBFloat16), 1.0).to(at::kFloat);
     EXPECT_TRUE(y[20].slice(0, 0, 18).eq(0).all().item<bool>()) << path;
     EXPECT_TRUE(y[20].slice(0, 18).allclose(torch::full({3}, 1.0 / 3), 1e-2)) << path;
     EXPECT_TRUE(y[19].slice(0, 0, 20).isnan().all().item<bool>()) << path;
+    EXPECT_TRUE(y[17].slice(0, 0, 18).isnan().all().item<bool>()) << path;  // +inf: inf - inf
     EXPECT_TRUE(y[18].sum().sub(1).abs().le(1e-2).item<bool>()) << path;
   }
 }
@@ -258,16 +271,45 @@ TEST(GptFusedKernels, CausalSoftmaxOfInfiniteAndNanScores) {
 // Their backwards are computed outside autograd: a graph built through them would miss terms,
 // so a backward with create_graph is refused by name.
 TEST(GptFusedKernels, DoubleBackwardIsRefused) {
+  const at::Tensor w = torch::ones({8}, at::kBFloat16), b = torch::zeros({8}, at::kBFloat16);
+  const std::vector<std::pair<std::string, std::function<at::Tensor(const at::Tensor&)>>> ops = {
+      {"GELU", [](const at::Tensor& x) { return fused_gelu(x); }},
+      {"layer norm", [&](const at::Tensor& x) { return fused_layer_norm(x, w, b, 1e-5); }},
+      {"causal softmax", [](const at::Tensor& x) { return fused_causal_softmax(x, 0.5); }}};
   for (const auto& path : fused_paths()) {
     ScopedGptKernels use(path);
-    const at::Tensor x = random_bf16({4, 8}).requires_grad_();
-    const at::Tensor y = fused_gelu(x).sum();
-    const std::string msg = testing::error_of<Error>(
-        [&] { torch::autograd::grad({y}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true); });
-    EXPECT_NE(msg.find("GELU has no double backward"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("DSCPP_GPT_KERNELS=torch"), std::string::npos) << msg;
-    // Without create_graph it is an ordinary backward.
-    EXPECT_EQ(torch::autograd::grad({y}, {x})[0].sizes(), x.sizes()) << path;
+    for (const auto& [name, op] : ops) {
+      const at::Tensor x = random_bf16({8, 8}).requires_grad_();
+      const at::Tensor y = (op(x) * random_bf16({8, 8})).sum();
+      const std::string msg = testing::error_of<Error>([&] {
+        torch::autograd::grad({y}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true);
+      });
+      EXPECT_NE(msg.find(name + " has no double backward"), std::string::npos) << path << msg;
+      EXPECT_NE(msg.find("DSCPP_GPT_KERNELS=torch"), std::string::npos) << path << msg;
+      // Without create_graph it is an ordinary backward.
+      EXPECT_EQ(torch::autograd::grad({y}, {x})[0].sizes(), x.sizes()) << path << " " << name;
+    }
+  }
+}
+
+// The layer norm's weight and bias gradients are summed over fixed row chunks: the same bits
+// whatever the number of threads.
+TEST(GptFusedKernels, LayerNormGradientsDoNotDependOnTheThreadCount) {
+  torch::manual_seed(6);
+  const at::Tensor x = random_bf16({40, 24}), gy = random_bf16({40, 24});
+  const at::Tensor w = random_bf16({24}), b = random_bf16({24});
+  const int threads = at::get_num_threads();
+  for (const auto& path : fused_paths()) {
+    ScopedGptKernels use(path);
+    std::vector<at::Tensor> got;
+    for (int n : {1, 3}) {
+      at::set_num_threads(n);
+      const at::Tensor wb = w.clone().requires_grad_(), bb = b.clone().requires_grad_();
+      fused_layer_norm(x, wb, bb, 1e-5).backward(gy);
+      got.push_back(torch::cat({wb.grad(), bb.grad()}));
+    }
+    at::set_num_threads(threads);
+    EXPECT_TRUE(got[0].view(at::kShort).equal(got[1].view(at::kShort))) << path;
   }
 }
 
