@@ -13,7 +13,6 @@
 #include <functional>
 #include <iostream>
 #include <limits>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,29 +21,15 @@
 #include "dscpp/models/gpt.h"
 #include "optim/dispatch.h"
 #include "support/errors.h"
+#include "support/scoped_env.h"
 
 namespace dscpp::models {
 namespace {
 
 // Sets DSCPP_GPT_KERNELS while alive, then restores what it was.
-class ScopedGptKernels {
+class ScopedGptKernels : public testing::ScopedEnv {
  public:
-  explicit ScopedGptKernels(const std::string& value) {
-    if (const char* old = std::getenv("DSCPP_GPT_KERNELS")) previous_ = old;
-    setenv("DSCPP_GPT_KERNELS", value.c_str(), 1);
-  }
-  ~ScopedGptKernels() {
-    if (previous_) {
-      setenv("DSCPP_GPT_KERNELS", previous_->c_str(), 1);
-    } else {
-      unsetenv("DSCPP_GPT_KERNELS");
-    }
-  }
-  ScopedGptKernels(const ScopedGptKernels&) = delete;
-  ScopedGptKernels& operator=(const ScopedGptKernels&) = delete;
-
- private:
-  std::optional<std::string> previous_;
+  explicit ScopedGptKernels(const std::string& value) : ScopedEnv("DSCPP_GPT_KERNELS", value) {}
 };
 
 std::vector<std::string> fused_paths() {

@@ -21,6 +21,7 @@
 
 #include "dscpp/error.h"
 #include "optim/dispatch.h"
+#include "support/scoped_env.h"
 
 namespace dscpp::optim {
 namespace {
@@ -515,34 +516,29 @@ TEST(OptimDispatch, ResultsDoNotDependOnTheThreadCount) {
 }
 
 TEST(OptimDispatch, EnvironmentSelectsThePathAndRejectsWhatTheCpuLacks) {
-  const char* old = std::getenv("DSCPP_OPTIM_SIMD");
-  const std::string saved = old ? old : "";
-  setenv("DSCPP_OPTIM_SIMD", "scalar", 1);
-  EXPECT_EQ(active_kernel_path(), KernelPath::kScalar);
-  setenv("DSCPP_OPTIM_SIMD", "torch", 1);
-  EXPECT_EQ(active_kernel_path(), KernelPath::kTorch);
-  setenv("DSCPP_OPTIM_SIMD", "auto", 1);
-  EXPECT_EQ(active_kernel_path(), best_kernel_path());
-  setenv("DSCPP_OPTIM_SIMD", "avx1024", 1);
-  EXPECT_THROW(active_kernel_path(), Error);
-  for (KernelPath p : {KernelPath::kAvx2, KernelPath::kAvx512}) {
-    setenv("DSCPP_OPTIM_SIMD", to_string(p), 1);
-    if (cpu_supports(p)) {
-      EXPECT_EQ(active_kernel_path(), p);
-    } else {
-      EXPECT_THROW(active_kernel_path(), Error);
-      EXPECT_THROW(ScopedKernelPath{p}, Error);
-    }
-  }
   {
-    ScopedKernelPath force(KernelPath::kScalar);  // an override wins over the environment
+    testing::ScopedEnv simd("DSCPP_OPTIM_SIMD", "scalar");
     EXPECT_EQ(active_kernel_path(), KernelPath::kScalar);
-  }
-  if (old) {
-    setenv("DSCPP_OPTIM_SIMD", saved.c_str(), 1);
-  } else {
-    unsetenv("DSCPP_OPTIM_SIMD");
-  }
+    simd.set("torch");
+    EXPECT_EQ(active_kernel_path(), KernelPath::kTorch);
+    simd.set("auto");
+    EXPECT_EQ(active_kernel_path(), best_kernel_path());
+    simd.set("avx1024");
+    EXPECT_THROW(active_kernel_path(), Error);
+    for (KernelPath p : {KernelPath::kAvx2, KernelPath::kAvx512}) {
+      simd.set(to_string(p));
+      if (cpu_supports(p)) {
+        EXPECT_EQ(active_kernel_path(), p);
+      } else {
+        EXPECT_THROW(active_kernel_path(), Error);
+        EXPECT_THROW(ScopedKernelPath{p}, Error);
+      }
+    }
+    {
+      ScopedKernelPath force(KernelPath::kScalar);  // an override wins over the environment
+      EXPECT_EQ(active_kernel_path(), KernelPath::kScalar);
+    }
+  }  // DSCPP_OPTIM_SIMD is as it was
   EXPECT_EQ(parse_kernel_path("avx512"), KernelPath::kAvx512);
   EXPECT_FALSE(parse_kernel_path("AVX512").has_value());
 }
