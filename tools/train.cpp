@@ -7,7 +7,6 @@
 #include <fmt/format.h>
 #include <signal.h>
 #include <torch/cuda.h>
-#include <torch/version.h>
 
 #include <CLI/CLI.hpp>
 #include <atomic>
@@ -131,19 +130,6 @@ int train_main(int argc, char** argv) {
     const int gpus = static_cast<int>(torch::cuda::device_count());
     device = at::Device(at::kCUDA,
                         static_cast<c10::DeviceIndex>(detect_process_env().local_rank % gpus));
-  }
-  if (config.fp16.enabled && device.is_cpu()) {
-    // libtorch's CPU kernels cover few fp16 operations (1.13: no matmul, softmax, layer_norm,
-    // GELU); the GPT needs them all.
-    bool cpu_fp16 = true;
-    try {
-      at::ones({2, 2}, at::kHalf).mm(at::ones({2, 2}, at::kHalf)).softmax(-1);
-    } catch (const std::exception&) {
-      cpu_fp16 = false;
-    }
-    DSCPP_CHECK(cpu_fp16, ConfigError, "fp16.enabled on the CPU: this libtorch (", TORCH_VERSION,
-                ") has no CPU fp16 kernels for the GPT's matmul and softmax. HINT: use "
-                "\"bf16\": {\"enabled\": true} on the CPU, or train fp16 with --device cuda");
   }
   // On the CPU "auto" means Gloo even on a host with CUDA.
   auto comm_options = comm::CommOptions::from_config(&config);

@@ -42,7 +42,7 @@ struct Contents {
 };
 
 // Dtype names of the format and their libtorch types: BOOL, U8, I8, I16, I32, I64, F16, BF16,
-// F32, F64. The format's U16, U32, U64 and F8_* have no libtorch 1.13 type and are rejected.
+// F32, F64. The format's U16, U32, U64 and F8_* are rejected with a message.
 std::string dtype_name(at::ScalarType type);
 
 // Serialises to the bytes of a file (header and data). Tensors may live on any device and have

@@ -52,7 +52,7 @@ class C10dCommunicator::State final : public Work {
     std::lock_guard<std::mutex> g(mu_);
     return done_ && (!pending_ || pending_->isCompleted());
   }
-  void finish(std::exception_ptr error, c10::intrusive_ptr<compat::C10dWork> pending = {}) {
+  void finish(std::exception_ptr error, c10::intrusive_ptr<c10d::Work> pending = {}) {
     {
       std::lock_guard<std::mutex> g(mu_);
       done_ = true;
@@ -66,7 +66,7 @@ class C10dCommunicator::State final : public Work {
   std::chrono::milliseconds safety_;
   std::chrono::milliseconds timeout_;
   OpDesc desc_;
-  c10::intrusive_ptr<compat::C10dWork> pending_;
+  c10::intrusive_ptr<c10d::Work> pending_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
@@ -75,7 +75,7 @@ class C10dCommunicator::State final : public Work {
 
 namespace {
 
-using Pending = c10::intrusive_ptr<compat::C10dWork>;
+using Pending = c10::intrusive_ptr<c10d::Work>;
 
 void check_flat(const at::Tensor& t, const char* what) {
   DSCPP_CHECK(t.defined(), CommError, what, " tensor is undefined");
@@ -113,7 +113,7 @@ bool looks_like_timeout(const std::string& what) {
 
 }  // namespace
 
-C10dCommunicator::C10dCommunicator(c10::intrusive_ptr<compat::Backend> backend,
+C10dCommunicator::C10dCommunicator(c10::intrusive_ptr<c10d::Backend> backend,
                                    std::string backend_name,
                                    c10::intrusive_ptr<c10d::Store> monitor_store,
                                    std::string prefix, int rank, int world_size,
@@ -148,7 +148,7 @@ void C10dCommunicator::log_summary() {
 
 WorkHandle C10dCommunicator::enqueue(
     OpDesc desc, bool collective,
-    std::function<c10::intrusive_ptr<compat::C10dWork>(int64_t)> body) {
+    std::function<c10::intrusive_ptr<c10d::Work>(int64_t)> body) {
   auto safety = options_.timeout + SyncMonitor::kAnswerWait + std::chrono::seconds(30);
   auto state = std::make_shared<State>(safety, options_.timeout, desc);
   {
@@ -223,7 +223,7 @@ void C10dCommunicator::run_task(Task& task) {
   task.state->finish(broken_);
 }
 
-void C10dCommunicator::wait_c10d(const c10::intrusive_ptr<compat::C10dWork>& work) {
+void C10dCommunicator::wait_c10d(const c10::intrusive_ptr<c10d::Work>& work) {
   bool ok = work->wait(options_.timeout);
   DSCPP_CHECK(ok, CommTimeout, "the backend did not finish within the timeout");
 }

@@ -18,7 +18,7 @@
 #include "comm/op_desc.h"
 #include "comm/shm.h"
 #include "comm/sync_monitor.h"
-#include "comm/torch_compat.h"
+#include "comm/c10d.h"
 #include "dscpp/comm.h"
 
 namespace dscpp::comm {
@@ -29,7 +29,7 @@ class C10dCommunicator final : public Communicator {
   // when that is thread-safe (HashStore). `prefix` separates this communicator's keys. `shm`,
   // when given, carries the collectives on CPU tensors (NOTE [shared-memory collectives]);
   // send/recv and anything it does not support stay on the backend.
-  C10dCommunicator(c10::intrusive_ptr<compat::Backend> backend, std::string backend_name,
+  C10dCommunicator(c10::intrusive_ptr<c10d::Backend> backend, std::string backend_name,
                    c10::intrusive_ptr<c10d::Store> monitor_store, std::string prefix, int rank,
                    int world_size, CommOptions options, std::unique_ptr<ShmGroup> shm = nullptr);
   ~C10dCommunicator() override;
@@ -63,29 +63,30 @@ class C10dCommunicator final : public Communicator {
     int64_t step;     // the training step when it was issued (set_step)
     // Runs the operation. Collectives complete before returning null; send/recv only post and
     // return the backend's handle, which the caller's wait() waits on (NOTE [point-to-point]).
-    std::function<c10::intrusive_ptr<compat::C10dWork>(int64_t seq)> body;
+    std::function<c10::intrusive_ptr<c10d::Work>(int64_t seq)> body;
     std::shared_ptr<State> state;
   };
 
   WorkHandle enqueue(OpDesc desc, bool collective,
-                     std::function<c10::intrusive_ptr<compat::C10dWork>(int64_t seq)> body);
+                     std::function<c10::intrusive_ptr<c10d::Work>(int64_t seq)> body);
   void run_loop();
   void run_task(Task& task);
   void check_same_op_everywhere(int64_t seq, const OpDesc& desc, int64_t step);
-  void wait_c10d(const c10::intrusive_ptr<compat::C10dWork>& work);
+  void wait_c10d(const c10::intrusive_ptr<c10d::Work>& work);
   // Uneven all-gather on NCCL: outputs[r] (on every rank) from rank r's input, one broadcast
   // per non-empty output. Runs on the comm thread.
   void broadcast_from_owners(const std::vector<at::Tensor>& outputs, const at::Tensor& input);
   int ring_tag_base(int64_t seq) const;
 
-  c10::intrusive_ptr<compat::Backend> backend_;
+  c10::intrusive_ptr<c10d::Backend> backend_;
   std::string backend_name_;
   int rank_;
   int world_size_;
   CommOptions options_;
   SyncMonitor monitor_;
   CommsLogger logger_;
-  // NCCL has flat reduce_scatter/all_gather; Gloo (libtorch 1.13) does not: ring over send/recv.
+  // NCCL's flat reduce_scatter/all_gather are used for equal shards; otherwise (and on Gloo) a
+  // ring over send/recv (comm/ring.h).
   bool native_flat_;
   std::unique_ptr<ShmGroup> shm_;  // null: every collective on the backend
 

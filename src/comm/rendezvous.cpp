@@ -17,7 +17,7 @@
 
 #include "comm/c10d_communicator.h"
 #include "comm/shm.h"
-#include "comm/torch_compat.h"
+#include "comm/c10d.h"
 #include "dscpp/error.h"
 #include "util/log.h"
 
@@ -167,7 +167,7 @@ std::shared_ptr<Communicator> make_gloo_communicator(c10::intrusive_ptr<c10d::St
   pg_options->devices.push_back(gloo_device(local_address));
   pg_options->threads = 1;
   auto pg_store = c10::make_intrusive<c10d::PrefixStore>(prefix + "/pg", store);
-  c10::intrusive_ptr<compat::Backend> backend;
+  c10::intrusive_ptr<c10d::Backend> backend;
   try {
     backend = c10::make_intrusive<c10d::ProcessGroupGloo>(pg_store, rank, world_size, pg_options);
   } catch (const std::exception& e) {

@@ -18,8 +18,8 @@ namespace {
 
 int mod(int a, int n) { return ((a % n) + n) % n; }
 
-void wait_both(const RingContext& ctx, c10::intrusive_ptr<compat::C10dWork>& a,
-               c10::intrusive_ptr<compat::C10dWork>& b) {
+void wait_both(const RingContext& ctx, c10::intrusive_ptr<c10d::Work>& a,
+               c10::intrusive_ptr<c10d::Work>& b) {
   for (auto* w : {&a, &b}) {
     if (!*w) continue;
     bool ok = (*w)->wait(ctx.timeout);
@@ -53,7 +53,7 @@ void combine_into(at::Tensor& out, const at::Tensor& received, const at::Tensor&
 void exchange(const RingContext& ctx, int step, at::Tensor out, at::Tensor in) {
   int next = mod(ctx.rank + 1, ctx.world_size), prev = mod(ctx.rank - 1, ctx.world_size);
   int tag = ctx.tag_base + step;
-  c10::intrusive_ptr<compat::C10dWork> sw, rw;
+  c10::intrusive_ptr<c10d::Work> sw, rw;
   if (in.numel() > 0) {
     std::vector<at::Tensor> v{in};
     rw = ctx.backend.recv(v, prev, tag);

@@ -1,6 +1,6 @@
 // Ring reduce-scatter and all-gather over point-to-point send/recv, for backends that lack
-// flat (and uneven) versions: Gloo in libtorch 1.13 has neither reduce_scatter nor
-// _allgather_base. Each rank sends and receives (n-1)/n of the buffer, half of what a ring
+// flat uneven versions: Gloo's reduce_scatter_single / all_gather_single (libtorch 2.x) take
+// equal shards only, and ZeRO's shards of a flat buffer are uneven. Each rank sends and receives (n-1)/n of the buffer, half of what a ring
 // all-reduce moves, so ZeRO's reduce-scatter costs what the paper says it costs.
 // Runs on the communicator's thread; blocks until done or throws (timeouts from the backend).
 #pragma once
@@ -11,13 +11,13 @@
 #include <cstdint>
 #include <vector>
 
-#include "comm/torch_compat.h"
+#include "comm/c10d.h"
 #include "dscpp/comm.h"
 
 namespace dscpp::comm {
 
 struct RingContext {
-  compat::Backend& backend;
+  c10d::Backend& backend;
   int rank;
   int world_size;
   int tag_base;  // distinct per collective, so steps of different collectives never match

@@ -15,7 +15,7 @@
 // Every rank that times out builds the same table, so each surviving rank reports it.
 //
 // The store is served by rank 0, and a store call to a stopped rank 0 blocks in the socket with
-// no timeout (libtorch 1.13's TCPStore client). So no store call runs on a thread that must
+// no timeout (libtorch's TCPStore client, 1.13 and 2.x alike). So no store call runs on a thread that must
 // finish: the watcher and each report's exchange own their state through a shared pointer, the
 // reporter waits for the exchange at most kAnswerWait + kStoreGrace (then reports that the
 // store did not answer, naming rank 0), and the destructor leaves a watcher stuck in the store

@@ -15,7 +15,8 @@ namespace {
 using ordered_json = nlohmann::ordered_json;
 
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // the reference implementation's limit
-// Names the format defines that libtorch 1.13 cannot hold.
+// Names the format defines that dscpp does not read (libtorch 1.13, its first target, had no
+// type for them).
 constexpr const char* kUnsupportedDtypes[] = {"U16", "U32", "U64", "F8_E5M2", "F8_E4M3"};
 
 size_t parse_dtype(const std::string& name, const std::string& source, const std::string& tensor) {

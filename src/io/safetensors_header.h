@@ -15,8 +15,8 @@ namespace dscpp::safetensors {
 // The header key of the file's string metadata (not a tensor).
 inline constexpr const char* kMetadataKey = "__metadata__";
 
-// The dtypes the format defines that dscpp reads and writes, by the format's names (libtorch
-// 1.13 holds no others); safetensors.cpp lists libtorch's types in the same order.
+// The dtypes the format defines that dscpp reads and writes, by the format's names (the ones
+// libtorch 1.13, its first target, could hold); safetensors.cpp lists libtorch's types in the same order.
 constexpr const char* kDtypeNames[] = {"BOOL", "U8",  "I8",   "I16", "I32",
                                        "I64",  "F16", "BF16", "F32", "F64"};
 constexpr size_t kDtypeBytes[] = {1, 1, 1, 2, 4, 8, 2, 2, 4, 8};

@@ -1,8 +1,10 @@
 // Implements the process-wide logger: one stderr sink, a pattern that carries the rank,
-// and the level from set_log_level() or DSCPP_LOG_LEVEL. Thread-safe (spdlog _mt sink).
+// and the level from set_log_level() or DSCPP_LOG_LEVEL. Thread-safe (spdlog _mt sink). The only
+// file that includes spdlog (NOTE [two fmts] in log.h).
 #include "util/log.h"
 
 #include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
 
 #include <cstdlib>
 #include <mutex>
@@ -48,6 +50,7 @@ LogLevel parse_log_level(const std::string& name) {
 }
 
 namespace log {
+namespace {
 spdlog::logger& get() {
   static std::shared_ptr<spdlog::logger> logger = [] {
     auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
@@ -68,6 +71,11 @@ spdlog::logger& get() {
   }();
   return *logger;
 }
+}  // namespace
+
+bool enabled(LogLevel level) { return get().should_log(to_spd(level)); }
+
+void write(LogLevel level, std::string_view message) { get().log(to_spd(level), message); }
 }  // namespace log
 
 void set_log_level(LogLevel level) {

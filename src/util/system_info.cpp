@@ -1,5 +1,6 @@
-// Implements collect_system_info() (see system_info.h). Reads /proc for the loaded BLAS and free
-// memory, asks libtorch for versions, threads and CPU capability, and probes io_uring.
+// Implements collect_system_info() (see system_info.h). Reads /proc for CPU flags and free
+// memory, libtorch's build summary for its BLAS and CPU capability, asks libtorch for versions
+// and threads, and probes io_uring.
 #include "util/system_info.h"
 
 #include <ATen/ATen.h>
@@ -17,6 +18,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 namespace dscpp {
@@ -48,14 +50,31 @@ std::string cpu_capability() {
   return v;
 }
 
+// The vector and matrix extensions libtorch's kernels and oneDNN can use, as /proc/cpuinfo lists
+// them (amx_bf16: oneDNN's bf16 matmuls run on AMX tiles, several times AVX512-BF16's rate).
 std::string cpu_flags() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  std::set<std::string> have;
+  while (std::getline(f, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream is(line.substr(line.find(':') + 1));
+    for (std::string w; is >> w;) have.insert(w);
+    break;
+  }
   std::string s;
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2")) s += "avx2 ";
-  if (__builtin_cpu_supports("fma")) s += "fma ";
-  if (__builtin_cpu_supports("avx512f")) s += "avx512f ";
-  if (__builtin_cpu_supports("avx512bw")) s += "avx512bw ";
-  return s.empty() ? "none of avx2/fma/avx512" : s.substr(0, s.size() - 1);
+  for (const char* flag : {"avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "amx_bf16"})
+    if (have.count(flag)) s += std::string(flag) + " ";
+  return s.empty() ? "none of avx2/fma/avx512/amx" : s.substr(0, s.size() - 1);
+}
+
+// One "KEY=value" of libtorch's build summary (at::show_config()), or "" when absent.
+std::string build_setting(const std::string& key) {
+  std::string cfg = at::show_config();
+  auto pos = cfg.find(key + "=");
+  if (pos == std::string::npos) return "";
+  pos += key.size() + 1;
+  return cfg.substr(pos, cfg.find_first_of(",\n", pos) - pos);
 }
 
 std::string uring_status(std::string& hint) {
@@ -89,20 +108,11 @@ double measure_matmul_gflops(int n, int repeats, at::ScalarType dtype) {
   return 2.0 * n * n * n / best / 1e9;
 }
 
-std::string loaded_blas_library() {
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  while (std::getline(maps, line)) {
-    auto pos = line.find('/');
-    if (pos == std::string::npos) continue;
-    std::string path = line.substr(pos);
-    if (path.find("blas") != std::string::npos && path.find(".so") != std::string::npos) {
-      char resolved[4096];
-      if (realpath(path.c_str(), resolved)) return resolved;
-      return path;
-    }
-  }
-  return "";
+std::string blas_library() {
+  // The wheel links MKL statically into libtorch_cpu, so no BLAS shows in /proc/self/maps: the
+  // build summary is the one place that names it.
+  std::string blas = build_setting("BLAS_INFO");
+  return blas.empty() ? "" : blas + " (libtorch's build; bf16 matmuls by oneDNN)";
 }
 
 std::vector<SystemItem> collect_system_info(bool measure_blas) {
@@ -123,8 +133,12 @@ std::vector<SystemItem> collect_system_info(bool measure_blas) {
   });
   items.push_back({"mpi", "used only as a launcher (dscpp launch --launcher openmpi)", ""});
   size_t gpus = torch::cuda::device_count();
-  items.push_back({"CUDA devices",
-                   gpus ? std::to_string(gpus) : "0 (no CUDA in this libtorch, or no driver)", ""});
+#if defined(DSCPP_HAVE_NCCL)
+  const char* no_gpus = "0 (this libtorch and dscpp have CUDA; no GPU or driver on this host)";
+#else
+  const char* no_gpus = "0 (dscpp was built without CUDA)";
+#endif
+  items.push_back({"CUDA devices", gpus ? std::to_string(gpus) : no_gpus, ""});
   items.push_back({"cpu cores online", std::to_string(sysconf(_SC_NPROCESSORS_ONLN)), ""});
   items.push_back({"SIMD (libtorch kernels)", cpu_capability(), ""});
   items.push_back({"SIMD (cpu flags)", cpu_flags(), ""});
@@ -135,14 +149,12 @@ std::vector<SystemItem> collect_system_info(bool measure_blas) {
   items.push_back({"OpenMP", at::get_openmp_version(), ""});
   if (measure_blas) {
     double gflops = measure_matmul_gflops();
-    std::string lib = loaded_blas_library();
+    std::string lib = blas_library();
     std::string hint;
-    bool reference =
-        lib.find("openblas") == std::string::npos && lib.find("mkl") == std::string::npos;
-    if (reference)
-      hint =
-          "reference BLAS is about 16x slower than OpenBLAS; apt-get install libopenblas0-openmp";
-    items.push_back({"BLAS library", lib.empty() ? "not found in this process" : lib, hint});
+    if (lib.empty() || lib.rfind("generic", 0) == 0)
+      hint = "this libtorch has no optimized BLAS (fp32 matmuls run ~16x slower); use a PyTorch "
+             "wheel's libtorch (scripts/setup.sh)";
+    items.push_back({"BLAS library", lib.empty() ? "not named by this libtorch" : lib, hint});
     items.push_back({"matmul 1024x1024 fp32", fmt::format("{:.1f} GFLOP/s", gflops), ""});
     // The bf16 peak of one core: the denominator of the model FLOPs utilization of a bf16 run
     // with one intra-op thread per rank (docs/benchmarks.md). oneDNN's kernels on a CPU with

@@ -25,7 +25,5 @@ std::vector<SystemItem> collect_system_info(bool measure_blas = true);
 // `repeats`.
 double measure_matmul_gflops(int n = 1024, int repeats = 5, at::ScalarType dtype = at::kFloat);
 
-// The BLAS library mapped into this process (resolved path), or "" when none is found.
-std::string loaded_blas_library();
 
 }  // namespace dscpp

@@ -224,7 +224,7 @@ class GradReducer {
   // The hooked gradient accumulators (kept alive) and their hooks, removed on destruction so a
   // model that outlives its engine never calls into a dead reducer.
   struct Hooks {
-    std::shared_ptr<torch::autograd::Node> acc;
+    c10::intrusive_ptr<torch::autograd::Node> acc;  // a shared_ptr before libtorch 2.15
     uintptr_t post_key;
     const torch::autograd::FunctionPreHook* pre;
   };

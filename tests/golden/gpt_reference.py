@@ -1,15 +1,15 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """PyTorch twin of dscpp's built-in GPT, data contract and training step: the golden reference.
 
-Run with Debian's interpreter and python3-torch (scripts/setup.sh installs it):
+Run with the venv's python, which has torch (scripts/setup.sh makes .venv):
 
-  /usr/bin/python3 tests/golden/gpt_reference.py forward --weights W.safetensors \
+  .venv/bin/python tests/golden/gpt_reference.py forward --weights W.safetensors \
       --tokens T.safetensors --out O.safetensors [--grads]
       Loss and logits (and, with --grads, every parameter's gradient of the loss) for the
       tokens file's "idx" [B, T] (and optional "targets" [B, T]). Writes "logits" [B, T, V],
       "loss" (0-d) and "grad.<parameter name>".
 
-  /usr/bin/python3 tests/golden/gpt_reference.py train --weights W.safetensors \
+  .venv/bin/python tests/golden/gpt_reference.py train --weights W.safetensors \
       --config ds_config.json --data-spec SPEC --steps K --out metrics.jsonl \
       [--out-weights final.safetensors] [--world-size N] [--seq-len T] [--shuffle --seed S]
       Trains K optimizer steps in one process on exactly the batches dscpp's data contract gives
@@ -23,7 +23,7 @@ Run with Debian's interpreter and python3-torch (scripts/setup.sh installs it):
       {"step": k (1-based), "loss": mean micro-batch loss, "lr": lr used, "grad_norm": global
       gradient norm before clipping}.
 
-  /usr/bin/python3 tests/golden/gpt_reference.py samples --data-spec SPEC --config ds.json \
+  .venv/bin/python tests/golden/gpt_reference.py samples --data-spec SPEC --config ds.json \
       --steps K --out S.safetensors [--seq-len T] [--world-size N] [--shuffle --seed S]
       The batches of the first K steps: "indices" [K, B], "inputs" and "targets" [K, B, T].
 
@@ -50,7 +50,7 @@ try:
     import torch.nn.functional as F
 except ImportError as e:  # pragma: no cover
     sys.stderr.write("gpt_reference.py: cannot import torch (%s). HINT: run scripts/setup.sh, "
-                     "which installs python3-torch, and use /usr/bin/python3.\n" % e)
+                     "which installs torch into .venv, and use .venv/bin/python.\n" % e)
     sys.exit(3)
 
 

@@ -1,9 +1,9 @@
-// Golden tests against PyTorch itself (tests/golden/gpt_reference.py under /usr/bin/python3 with
-// Debian's python3-torch): the C++ GPT's logits, loss and every parameter gradient equal the
+// Golden tests against PyTorch itself (tests/golden/gpt_reference.py under DSCPP_PYTHON, the
+// venv's python with the pinned torch that scripts/setup.sh installs): the C++ GPT's logits, loss and every parameter gradient equal the
 // PyTorch twin's to 1e-5 relative; the data contract (built-in task, shuffling, .bin files) gives
 // the same batches in both languages; and the script's `train` mode, which the engine's
 // equivalence tests use as the reference, reproduces a plain C++ training loop (GAS, clipping,
-// WarmupLR). Without python3-torch these tests FAIL: run scripts/setup.sh.
+// WarmupLR). Without that python these tests FAIL: run scripts/setup.sh.
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -28,7 +28,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::run_command;
 
-const std::string kPython = "/usr/bin/python3";
+const std::string kPython = DSCPP_PYTHON;  // the venv scripts/setup.sh made, with the pinned torch
 const std::string kScript = std::string(DSCPP_SOURCE_DIR) + "/tests/golden/gpt_reference.py";
 
 using dscpp::testing::TempDir;
@@ -40,7 +40,8 @@ using dscpp::testing::TempDir;
     return ::testing::AssertionFailure()
            << kPython << " cannot import torch and numpy:\n"
            << probe.output
-           << "HINT: run scripts/setup.sh (it installs python3-torch and python3-numpy).";
+           << "HINT: run scripts/setup.sh (it installs torch and numpy into .venv), or configure "
+              "with -DDSCPP_PYTHON=<a python with torch>.";
   }
   auto r = run_command(kPython + " " + kScript + " " + args);
   if (r.status != 0) {
@@ -70,8 +71,8 @@ TEST(Golden, PythonTorchIsAvailable) {
   auto r = run_command(kPython + " -c 'import torch, numpy; print(torch.__version__)'");
   ASSERT_EQ(r.status, 0) << kPython << " cannot import torch and numpy:\n"
                          << r.output
-                         << "HINT: run scripts/setup.sh (it installs python3-torch and "
-                            "python3-numpy); the golden tests need Debian's /usr/bin/python3.";
+                         << "HINT: run scripts/setup.sh (it installs torch and numpy into "
+                            ".venv), or configure with -DDSCPP_PYTHON=<a python with torch>.";
   std::cout << "python torch " << r.output;
 }
 

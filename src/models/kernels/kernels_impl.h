@@ -187,7 +187,8 @@ void layer_norm_backward(const LayerNormArgs& a, int64_t row_begin, int64_t row_
 // z = |x| / sqrt(2) >= 0 (Abramowitz and Stegun 7.1.26); Phi(-|x|) = erfc(z) / 2 directly (no
 // 1 - (1 - tail) cancellation), Phi(|x|) = 1 - Phi(-|x|). z is capped at 10, where exp(-z^2)
 // is already 0 in fp32: an infinite z would make the vector reciprocal's Newton step inf * 0.
-// So gelu(inf) = inf, and gelu(-inf) and both gradients at +-inf are NaN, as in libtorch.
+// So gelu(inf) = inf (the limit; libtorch 2.15 returns NaN), and gelu(-inf) and both gradients
+// at +-inf are NaN, as in libtorch.
 template <class W>
 void normal_cdf(typename W::T x, typename W::T& phi, typename W::T& gauss) {
   using T = typename W::T;
