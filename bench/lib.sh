@@ -5,3 +5,14 @@
 median() {
   printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'
 }
+
+# gpt_shape NAME: sets L H C T MB (layers, heads, width, sequence length, micro-batch per rank) of
+# the two GPTs every comparison runs: bench (the benchmark GPT, 6 x 384, 10.8M parameters) and
+# 150m (12 x 1024, 151.7M parameters).
+gpt_shape() {
+  case "$1" in
+    bench) L=6 H=6 C=384 T=256 MB=4 ;;
+    150m) L=12 H=16 C=1024 T=256 MB=1 ;;
+    *) echo "unknown model '$1': bench or 150m" >&2; return 2 ;;
+  esac
+}

@@ -41,4 +41,18 @@ at::Tensor fused_layer_norm(const at::Tensor& x, const at::Tensor& weight, const
 // Exact (erf) GELU of bf16 x.
 at::Tensor fused_gelu(const at::Tensor& x);
 
+// NOTE [GPT attention]: the GPT's causal self-attention runs one of two ways:
+// - math: scores = q k^T, the causal softmax of the scaled scores (the fused kernel above in bf16
+//   on the CPU, libtorch's ops otherwise), y = att v; [B, nh, T, T] scores are kept for backward;
+// - sdpa: at::scaled_dot_product_attention with is_causal (libtorch 2.x: a flash-attention kernel
+//   on the CPU and on CUDA, forward and backward in blocks, no [T, T] scores kept).
+// DSCPP_GPT_ATTENTION chooses: auto (the default: the faster of the two for the tensors' device
+// and dtype, by the side-by-side measurement in docs/benchmarks.md), sdpa or math. The two agree
+// to rounding (the Golden tests hold both to PyTorch's twin). Anything else is a ConfigError.
+enum class GptAttention { kMath, kSdpa };
+
+const char* to_string(GptAttention attention);
+// The attention DSCPP_GPT_ATTENTION chooses for q (read at each call).
+GptAttention active_gpt_attention(const at::Tensor& q);
+
 }  // namespace dscpp::models

@@ -145,22 +145,29 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   auto q = qkv[0].view({b, t, n_head_, hs}).transpose(1, 2);  // [B, nh, T, hs]
   auto k = qkv[1].view({b, t, n_head_, hs}).transpose(1, 2);  // [B, nh, T, hs]
   auto v = qkv[2].view({b, t, n_head_, hs}).transpose(1, 2);  // [B, nh, T, hs]
-  // Scale and mask in place: the matmul's backward needs q and k, not its output, and the
-  // backward of a scalar multiply or of adding a constant needs nothing, so autograd allows it;
-  // the same values as PyTorch's `att * scale` and `masked_fill` (x + 0 is x, x + -inf is -inf),
-  // without two [B, nh, T, T] copies. Adding the mask costs a quarter of masked_fill_ in bf16
-  // and nothing in backward, where masked_fill_ is masked again (NOTE [GPT kernels]).
-  auto att = at::matmul(q, k.transpose(-2, -1));
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
-  if (use_fused_kernels(att)) {
-    att = fused_causal_softmax(att, scale);  // the same, one pass each way
+  at::Tensor y;
+  if (active_gpt_attention(q) == GptAttention::kSdpa) {  // NOTE [GPT attention] in fused_ops.h
+    y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                         /*is_causal=*/true);  // [B, nh, T, hs]
   } else {
-    att.mul_(scale);
-    // [T, T]: -inf above the diagonal (position i may not attend to j > i), 0 elsewhere.
-    att.add_(at::full({t, t}, -std::numeric_limits<double>::infinity(), att.options()).triu(1));
-    att = at::softmax(att, -1);  // [B, nh, T, T]
+    // Scale and mask in place: the matmul's backward needs q and k, not its output, and the
+    // backward of a scalar multiply or of adding a constant needs nothing, so autograd allows
+    // it; the same values as PyTorch's `att * scale` and `masked_fill` (x + 0 is x, x + -inf is
+    // -inf), without two [B, nh, T, T] copies. Adding the mask costs a quarter of masked_fill_
+    // in bf16 and nothing in backward, where masked_fill_ is masked again (NOTE [GPT kernels]).
+    auto att = at::matmul(q, k.transpose(-2, -1));
+    const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+    if (use_fused_kernels(att)) {
+      att = fused_causal_softmax(att, scale);  // the same, one pass each way
+    } else {
+      att.mul_(scale);
+      // [T, T]: -inf above the diagonal (position i may not attend to j > i), 0 elsewhere.
+      att.add_(
+          at::full({t, t}, -std::numeric_limits<double>::infinity(), att.options()).triu(1));
+      att = at::softmax(att, -1);  // [B, nh, T, T]
+    }
+    y = at::matmul(att, v);  // [B, nh, T, hs]
   }
-  auto y = at::matmul(att, v);                         // [B, nh, T, hs]
   y = y.transpose(1, 2).contiguous().view({b, t, c});  // [B, T, C]
   return c_proj->forward(y);
 }
@@ -196,7 +203,9 @@ at::Tensor BlockImpl::forward(const at::Tensor& x) {
 // ---------------------------------------------------------------------------------------------
 GPTImpl::GPTImpl(const GPTConfig& config, uint64_t seed) : config_(config) {
   config_.validate();
-  active_gpt_kernels();  // a bad DSCPP_GPT_KERNELS is an error now, not at the first forward
+  // A bad DSCPP_GPT_KERNELS or DSCPP_GPT_ATTENTION is an error now, not at the first forward.
+  active_gpt_kernels();
+  active_gpt_attention(at::Tensor());
   // Each top-level module is initialised as soon as it is built, drawing from one generator in
   // named_parameters() order (so the values are init_weights(seed)'s), then handed to
   // zero::built: inside a zero::Init scope a unit is sharded before the next one exists.

@@ -40,6 +40,7 @@ import argparse
 import collections
 import json
 import math
+import os
 import re
 import struct
 import sys
@@ -132,6 +133,17 @@ def st_save(path, tensors, metadata=None):
 # the same values in fp32 (NOTE [GPT kernels]): the causal mask is added (0 or -inf) in place
 # instead of masked_fill, and in bf16 the layer norms normalise in fp32.
 
+def attention_path(q):
+    """The attention DSCPP_GPT_ATTENTION chooses for q, as the C++ GPT chooses it (NOTE [GPT
+    attention] in src/models/fused_ops.h): sdpa, math, or auto, the measured default."""
+    name = os.environ.get("DSCPP_GPT_ATTENTION", "auto") or "auto"
+    if name in ("sdpa", "math"):
+        return name
+    if name != "auto":
+        raise UsageError("DSCPP_GPT_ATTENTION=%r names no attention path: auto, sdpa or math" % name)
+    return "math" if q.device.type == "cpu" and q.dtype == torch.bfloat16 else "sdpa"
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, n_embd, n_head):
         super().__init__()
@@ -147,11 +159,14 @@ class CausalSelfAttention(nn.Module):
         q = q.view(b, t, self.n_head, hs).transpose(1, 2)
         k = k.view(b, t, self.n_head, hs).transpose(1, 2)
         v = v.view(b, t, self.n_head, hs).transpose(1, 2)
-        att = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
-        future = torch.ones(t, t, dtype=torch.bool).triu(1)
-        att = att.masked_fill(future, float("-inf"))
-        att = torch.softmax(att, -1)
-        y = torch.matmul(att, v)
+        if attention_path(q) == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+            future = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+            att = att.masked_fill(future, float("-inf"))
+            att = torch.softmax(att, -1)
+            y = torch.matmul(att, v)
         y = y.transpose(1, 2).contiguous().view(b, t, c)
         return self.c_proj(y)
 

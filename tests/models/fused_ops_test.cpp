@@ -373,5 +373,54 @@ TEST(GptFusedKernels, Bf16GptAgreesWithLibtorchOps) {
   }
 }
 
+
+// NOTE [GPT attention]: DSCPP_GPT_ATTENTION picks sdpa or math; auto takes math for bf16 CPU
+// tensors and sdpa for the others; anything else is refused when the GPT is built.
+TEST(GptAttention, PathFollowsTheEnvironmentAndTheDtype) {
+  const at::Tensor fp32 = torch::zeros({1, 1, 4, 2}), bf16 = fp32.to(at::kBFloat16);
+  EXPECT_EQ(active_gpt_attention(fp32), GptAttention::kSdpa);
+  EXPECT_EQ(active_gpt_attention(bf16), GptAttention::kMath);
+  EXPECT_EQ(active_gpt_attention(fp32.to(at::kHalf)), GptAttention::kSdpa);
+  {
+    testing::ScopedEnv use("DSCPP_GPT_ATTENTION", "math");
+    EXPECT_EQ(active_gpt_attention(fp32), GptAttention::kMath);
+  }
+  {
+    testing::ScopedEnv use("DSCPP_GPT_ATTENTION", "sdpa");
+    EXPECT_EQ(active_gpt_attention(bf16), GptAttention::kSdpa);
+  }
+  {
+    testing::ScopedEnv use("DSCPP_GPT_ATTENTION", "flash");
+    const std::string msg = testing::error_of<ConfigError>([&] { active_gpt_attention(fp32); });
+    EXPECT_NE(msg.find("DSCPP_GPT_ATTENTION='flash'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("auto, sdpa or math"), std::string::npos) << msg;
+    EXPECT_THROW(GPT(GPTConfig{13, 8, 1, 2, 8}, 1), ConfigError);
+  }
+}
+
+// The two attentions compute the same loss and gradients: to rounding in fp32, to bf16's
+// precision in bf16 (both the fused softmax and libtorch's under math).
+TEST(GptAttention, SdpaAndMathAgree) {
+  GPTConfig config{/*vocab_size=*/13, /*block_size=*/19, /*n_layer=*/2, /*n_head=*/3,
+                   /*n_embd=*/24};
+  torch::manual_seed(5);
+  const at::Tensor idx = torch::randint(0, 13, {2, 19}, at::kLong);
+  const at::Tensor targets = torch::randint(0, 13, {2, 19}, at::kLong);
+  auto run = [&](const std::string& attention, at::ScalarType dtype) {
+    testing::ScopedEnv use("DSCPP_GPT_ATTENTION", attention);
+    GPT model(config, 7);
+    model->to(dtype);
+    const at::Tensor loss = model->loss(idx, targets);
+    loss.backward();
+    std::vector<at::Tensor> parts = {loss.detach().reshape({1}).to(at::kFloat)};
+    for (const auto& p : model->parameters()) parts.push_back(p.grad().flatten().to(at::kFloat));
+    return torch::cat(parts);
+  };
+  const at::Tensor want = run("math", at::kFloat), got = run("sdpa", at::kFloat);
+  EXPECT_LT(((got - want).abs().max() / want.abs().max()).item<double>(), 1e-5);
+  const at::Tensor want16 = run("math", at::kBFloat16), got16 = run("sdpa", at::kBFloat16);
+  EXPECT_LT(((got16 - want16).norm() / want16.norm()).item<double>(), 0.05);
+  EXPECT_LT(((got16 - want).norm() / want.norm()).item<double>(), 0.05);
+}
 }  // namespace
 }  // namespace dscpp::models

@@ -238,7 +238,20 @@ TEST(Golden, TrainModeMatchesAPlainCppLoop) {
     if (step == 0) EXPECT_GT(norm, 0.5) << "the test should exercise clipping";
   }
   for (auto& [name, t] : safetensors::load(dir.file("w1.safetensors")).tensors) {
-    EXPECT_LT(rel_diff(model->named_parameters()[name], t), 1e-4) << name;
+    at::Tensor mine = model->named_parameters()[name];
+    if (name.size() > 16 && name.compare(name.size() - 16, 16, "attn.c_attn.bias") == 0) {
+      // The key bias's gradient is zero in exact arithmetic (a softmax row does not change when
+      // a constant is added to all its scores), so what each side computes is rounding noise,
+      // different for the math and SDPA attentions, and AdamW turns noise into steps of up to
+      // lr: the keys' third is held to that bound, the queries' and values' to 1e-4.
+      auto qkv = mine.chunk(3), want = t.chunk(3);
+      EXPECT_LT(rel_diff(qkv[0], want[0]), 1e-4) << name << " (queries)";
+      EXPECT_LT(rel_diff(qkv[2], want[2]), 1e-4) << name << " (values)";
+      EXPECT_LE((qkv[1] - want[1]).abs().max().item<double>(), 2.0 * steps * 0.003)
+          << name << " (keys)";
+      continue;
+    }
+    EXPECT_LT(rel_diff(mine, t), 1e-4) << name;
   }
 }
 

@@ -1,0 +1,232 @@
+"""The peers of `dscpp train`: what a user would pick instead today, on identical work.
+
+Trains the GPT of tests/golden/gpt_reference.py (the module the golden tests hold dscpp's to) with
+one of
+  ddp          torch.nn.parallel.DistributedDataParallel, eager
+  ddp_compile  the same under torch.compile (inductor, C++/OpenMP code on a CPU)
+  fsdp2        torch.distributed.fsdp.fully_shard per transformer block, then the root (ZeRO-3's
+               analogue: parameters, gradients and optimizer state sharded)
+  deepspeed    deepspeed.initialize with the same DeepSpeed config file dscpp gets (its stage,
+               bf16, optimizer and clipping), on DeepSpeed's CPU accelerator over gloo
+from the same DeepSpeed config file dscpp train reads: train_micro_batch_size_per_gpu and
+gradient_accumulation_steps (or train_batch_size), the optimizer (Adam/AdamW: lr, betas, eps,
+weight_decay), gradient_clipping and bf16.enabled. The other systems take those from the file;
+DeepSpeed takes the whole file. bf16 means, per system, what its users run: DDP and
+DDP + compile under torch.autocast("cpu", bfloat16) (fp32 weights, gradients and optimizer);
+FSDP2 with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16) (fp32 sharded master
+weights); DeepSpeed's own bf16 (bf16 model, fp32 master weights and optimizer state), as dscpp's.
+
+The data is dscpp's contract without shuffling (include/dscpp/data.h: sample j = tok[j*T : j*T+T+1]
+of a byte file, micro-step k of rank r of step s takes samples (s*B + (k*world + r)*b + i) mod n),
+the initial weights dscpp's (--init, written by `dscpp train --steps 0 --save_final`), attention
+through F.scaled_dot_product_attention (DSCPP_GPT_ATTENTION, default sdpa here), one intra-op
+thread per rank. Start it with dscpp launch, whose RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT are what
+torch.distributed's env:// expects:
+
+  build/dscpp launch --num_procs 2 .venv/bin/python bench/peers/train_gpt.py --system fsdp2 \\
+      --config ds.json --data FILE --init W.safetensors --n_layer 6 --n_head 6 --n_embd 384 \\
+      --block_size 256 --steps 30
+
+Prints on rank 0 what bench/peers.sh reads, in dscpp train's words: "step K loss L" every 10 steps
+and at the end (the mean over every rank's micro-batches), "throughput: X tokens/s over steps ..."
+(steps after the warm-up), "train time: ..."; and on every rank "rank R: peak RSS M MiB". A system
+that cannot run prints "peer failed: <system>: <the error>" and exits 3.
+"""
+import argparse
+import contextlib
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests",
+                                "golden"))
+from gpt_reference import GPT, st_load  # noqa: E402
+
+SYSTEMS = ("ddp", "ddp_compile", "fsdp2", "deepspeed")
+
+
+def batch_settings(cfg, world):
+    """micro-batch per rank and accumulation steps, as DeepSpeed resolves the batch triple."""
+    micro = cfg.get("train_micro_batch_size_per_gpu")
+    gas = cfg.get("gradient_accumulation_steps")
+    total = cfg.get("train_batch_size")
+    if micro is None and gas is None:
+        micro, gas = total // world, 1
+    elif micro is None:
+        micro = total // (gas * world)
+    elif gas is None:
+        gas = (total // (micro * world)) if total else 1
+    return int(micro), int(gas)
+
+
+def adam_settings(cfg):
+    opt = cfg.get("optimizer", {})
+    kind = opt.get("type", "AdamW")
+    if kind.lower() not in ("adam", "adamw"):
+        raise SystemExit("train_gpt.py: optimizer %s: the peers run Adam/AdamW only" % kind)
+    p = opt.get("params", {})
+    # DeepSpeed's "Adam" is AdamW unless adam_w_mode is false; its default weight decay is 0.
+    return dict(lr=p.get("lr", 1e-3), betas=tuple(p.get("betas", (0.9, 0.999))),
+                eps=p.get("eps", 1e-8), weight_decay=p.get("weight_decay", 0.0))
+
+
+def build_model(a):
+    model = GPT(256, a.block_size, a.n_layer, a.n_head, a.n_embd)
+    if a.init:
+        tensors, _ = st_load(a.init)
+        model.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=True)
+    return model
+
+
+class Ddp:
+    """DDP, eager or under torch.compile; bf16 under autocast."""
+
+    def __init__(self, a, cfg, bf16):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        self.ddp = DDP(build_model(a))
+        self.model = torch.compile(self.ddp) if a.system == "ddp_compile" else self.ddp
+        self.opt = torch.optim.AdamW(self.ddp.parameters(), **adam_settings(cfg))
+        self.clip = cfg.get("gradient_clipping", 0.0)
+        self.bf16 = bf16
+
+    def micro_step(self, x, y, last, gas):
+        with self.ddp.no_sync() if not last else contextlib.nullcontext():
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+                loss = GPT.cross_entropy(self.model(x), y)
+            (loss / gas).backward()
+        return loss.item()
+
+    def step(self):
+        if self.clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.ddp.parameters(), self.clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
+class Fsdp2:
+    """fully_shard per block, then the root (reshard after forward: ZeRO-3)."""
+
+    def __init__(self, a, cfg, bf16):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        model = build_model(a)
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        kw = {"mesh": mesh}
+        if bf16:
+            kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                   reduce_dtype=torch.bfloat16)
+        for block in model.h:
+            fully_shard(block, **kw)
+        fully_shard(model, **kw)
+        self.model = model
+        self.opt = torch.optim.AdamW(model.parameters(), **adam_settings(cfg))
+        self.clip = cfg.get("gradient_clipping", 0.0)
+
+    def micro_step(self, x, y, last, gas):
+        self.model.set_requires_gradient_sync(last)
+        loss = GPT.cross_entropy(self.model(x), y)
+        (loss / gas).backward()
+        return loss.item()
+
+    def step(self):
+        if self.clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
+class DeepSpeed:
+    """deepspeed.initialize with the config file itself; the engine accumulates and steps."""
+
+    def __init__(self, a, cfg, bf16):
+        import deepspeed
+        deepspeed.init_distributed(dist_backend="gloo")
+        self.engine, _, _, _ = deepspeed.initialize(model=build_model(a), config=cfg,
+                                                    model_parameters=None)
+
+    def micro_step(self, x, y, last, gas):
+        loss = GPT.cross_entropy(self.engine(x), y)
+        self.engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps
+        self.engine.step()  # a no-op until the accumulation boundary
+        return loss.item()
+
+    def step(self):
+        pass
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--system", choices=SYSTEMS, required=True)
+    ap.add_argument("--config", required=True, help="the DeepSpeed config file dscpp train reads")
+    ap.add_argument("--data", required=True, help="a byte file (vocabulary 256)")
+    ap.add_argument("--init", help="initial weights (safetensors, dscpp train --steps 0 --save_final)")
+    ap.add_argument("--n_layer", type=int, default=6)
+    ap.add_argument("--n_head", type=int, default=6)
+    ap.add_argument("--n_embd", type=int, default=384)
+    ap.add_argument("--block_size", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5, help="steps not timed (compilation included)")
+    a = ap.parse_args()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    os.environ.setdefault("DSCPP_GPT_ATTENTION", "sdpa")
+    with open(a.config) as f:
+        cfg = json.load(f)
+    bf16 = bool(cfg.get("bf16", {}).get("enabled", False))
+    if a.system == "deepspeed":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    else:
+        dist.init_process_group("gloo")
+    torch.manual_seed(1234)
+    try:
+        system = {"ddp": Ddp, "ddp_compile": Ddp, "fsdp2": Fsdp2, "deepspeed": DeepSpeed}[a.system]
+        trainer = system(a, cfg, bf16)
+    except Exception as e:  # a peer that cannot run is a row that says why
+        traceback.print_exc()
+        print("peer failed: %s: %s" % (a.system, str(e).splitlines()[0] if str(e) else type(e).__name__),
+              flush=True)
+        sys.exit(3)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    micro, gas = batch_settings(cfg, world)
+    with open(a.data, "rb") as f:
+        tok = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).long()
+    T = a.block_size
+    n = (tok.numel() - 1) // T
+    B = micro * world * gas
+    warmup = min(a.warmup, a.steps - 1)
+    t_start = t_steady = time.perf_counter()
+    for s in range(a.steps):
+        if s == warmup:
+            t_steady = time.perf_counter()
+        total = 0.0
+        for k in range(gas):
+            idx = [(s * B + (k * world + rank) * micro + i) % n for i in range(micro)]
+            x = torch.stack([tok[j * T:j * T + T] for j in idx])
+            y = torch.stack([tok[j * T + 1:j * T + T + 1] for j in idx])
+            total += trainer.micro_step(x, y, k + 1 == gas, gas)
+        trainer.step()
+        if (s + 1) % 10 == 0 or s + 1 == a.steps:
+            mean = torch.tensor(total / gas)
+            dist.all_reduce(mean)
+            if rank == 0:
+                print("step %d loss %.4f" % (s + 1, mean.item() / world), flush=True)
+    dist.barrier()
+    end = time.perf_counter()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    print("rank %d: peak RSS %.1f MiB" % (rank, peak), flush=True)
+    if rank == 0:
+        print("throughput: %.1f tokens/s over steps %d..%d (after %d warm-up steps)"
+              % ((a.steps - warmup) * B * T / (end - t_steady), warmup + 1, a.steps, warmup),
+              flush=True)
+        print("train time: %.2f s for %d samples (%d steps)" % (end - t_start, a.steps * B, a.steps),
+              flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
