@@ -4,12 +4,13 @@
 # should train the same). For choices the code makes from an environment variable, e.g.
 #   bench/env_ab.sh DSCPP_GPT_ATTENTION=sdpa DSCPP_GPT_ATTENTION=math 5 30
 #   MODEL=150m BF16=1 bench/env_ab.sh DSCPP_GPT_KERNELS=auto DSCPP_GPT_KERNELS=torch 3 8
+#   bench/env_ab.sh "" BIN=/tmp/before 5 30     (this build against a copy of an earlier one)
 # MODEL=bench (default: 6 x 384, 6 heads, T 256, micro-batch 4) or 150m (12 x 1024, 16 heads,
 # T 256, micro-batch 1); BF16=1 trains in bf16; STAGE=0..3. Data: tinyshakespeare's bytes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh  # median, gpt_shape
-A=${1:?usage: bench/env_ab.sh 'VAR=a ...' 'VAR=b ...' [ROUNDS] [STEPS]}
+A=${1?usage: bench/env_ab.sh 'VAR=a ...' 'VAR=b ...' [ROUNDS] [STEPS]}
 B=${2:?usage: bench/env_ab.sh 'VAR=a ...' 'VAR=b ...' [ROUNDS] [STEPS]}
 ROUNDS=${3:-5}
 STEPS=${4:-30}
@@ -26,9 +27,19 @@ cat >"$CFG" <<JSON
 JSON
 export OMP_NUM_THREADS=1
 port=$((21000 + RANDOM % 9000))
+# run 'VAR=value ... [BIN=DIR]': BIN names a folder with a copy of dscpp and its libdscpp*.so (a
+# build from before a change), run with LD_LIBRARY_PATH pointing there.
 run() {
-  env $1 build/dscpp launch --num_procs 2 --master_port $((port++)) build/dscpp train --config "$CFG" \
-    --data "$DATA" --n_layer $L --n_head $H --n_embd $C --block_size $T --steps "$STEPS" --no_shuffle 2>&1
+  local bin=build vars=()
+  for w in $1; do
+    case $w in
+      BIN=*) bin=${w#BIN=}; vars+=("LD_LIBRARY_PATH=$bin") ;;
+      *) vars+=("$w") ;;
+    esac
+  done
+  env "${vars[@]}" "$bin/dscpp" launch --num_procs 2 --master_port $((port++)) "$bin/dscpp" train \
+    --config "$CFG" --data "$DATA" --n_layer $L --n_head $H --n_embd $C --block_size $T \
+    --steps "$STEPS" --no_shuffle 2>&1
 }
 tput() { grep -o 'throughput: [0-9.]*' | awk '{print $2}'; }
 loss() { grep -o "step $STEPS/$STEPS | loss [0-9.]*" | awk '{print $5}'; }

@@ -391,7 +391,7 @@ void EngineImpl::apply_step() {
 }
 
 void EngineImpl::run_optimizer(const Reduced& red, double unscale, double coef, double lr) {
-  // Unscaled and clipped fp32 gradients: in place in fp32; under mixed precision cast a piece at
+  // fp32 gradients: the gradients themselves in fp32; under mixed precision cast a piece at
   // a time, so the step never holds an fp32 copy of the whole (shard of the) gradient. The pieces
   // (and offload's sub-groups) are cast into one buffer kept across steps: a fresh allocation per
   // piece costs more in page faults than the cast itself once it exceeds malloc's mmap threshold
@@ -408,16 +408,21 @@ void EngineImpl::run_optimizer(const Reduced& red, double unscale, double coef, 
       g = grad_scratch_.narrow(0, 0, grads.numel());
       g.copy_(grads);
     }
-    if (unscale != 1.0) g.mul_(unscale);
-    if (coef < 1.0) g.mul_(coef);
     return g;
   };
+  // The unscale and the clip coefficient: one multiplier, which dscpp's optimizers apply as they
+  // read each gradient (StepContext::grad_scale) instead of a pass of its own over the gradients.
+  const double multiplier = unscale * coef;
   if (!optimizer_) {
-    for (const auto& part : red.parts) fp32_grads(part.grads);  // the client reads param.grad
+    for (const auto& part : red.parts) {  // the client reads param.grad
+      at::Tensor g = fp32_grads(part.grads);
+      if (multiplier != 1.0) g.mul_(multiplier);
+    }
     client_optimizer_->step();
     return;
   }
   optim::StepContext ctx;
+  ctx.grad_scale = 1.0 / multiplier;
   ctx.lr = lr;
   ctx.step = global_steps_ + 1 - skipped_steps_;
   ctx.betas_override = lr_schedule_ ? lr_schedule_->get_betas() : std::nullopt;

@@ -81,6 +81,33 @@ std::vector<int64_t> conv_output(const std::vector<int64_t>& in, const std::vect
   return out;
 }
 
+// scaled_dot_product_attention forward is counted at its public op (whatever kernel it picks
+// runs inside it, uncounted); its backward at each fused kernel's backward op (a math fallback's
+// backward is bmm's, counted as such). All take (grad_out, query, key, value, ...).
+constexpr const char* kAttention = "aten::scaled_dot_product_attention";
+constexpr const char* kAttentionBackward[] = {
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+    "aten::_scaled_dot_product_flash_attention_backward",
+    "aten::_scaled_dot_product_efficient_attention_backward",
+    "aten::_scaled_dot_product_cudnn_attention_backward"};
+
+bool is_attention_backward(const std::string& name) {
+  for (const char* op : kAttentionBackward)
+    if (name == op) return true;
+  return false;
+}
+
+// softmax(q k^T) v: two matmuls, [.., Tq, d] x [.., d, Tk] and [.., Tq, Tk] x [.., Tk, dv], the
+// causal mask not discounted (as the scores' matmuls count it).
+int64_t attention_flops(const std::vector<int64_t>& q, const std::vector<int64_t>& k,
+                        const std::vector<int64_t>& v) {
+  if (q.size() < 2 || k.size() != q.size() || v.size() != q.size()) return 0;
+  int64_t batch = 1;
+  for (size_t i = 0; i + 2 < q.size(); ++i) batch *= q[i];
+  const int64_t tq = q[q.size() - 2], d = q.back(), tk = k[k.size() - 2], dv = v.back();
+  return 2 * batch * tq * tk * d + 2 * batch * tq * tk * dv;
+}
+
 bool is_counted(const char* name) {
   static const char* const kOps[] = {"aten::mm",
                                      "aten::addmm",
@@ -88,10 +115,11 @@ bool is_counted(const char* name) {
                                      "aten::baddbmm",
                                      "aten::addbmm",
                                      "aten::convolution",
-                                     "aten::convolution_backward"};
+                                     "aten::convolution_backward",
+                                     kAttention};
   for (const char* op : kOps)
     if (!std::strcmp(name, op)) return true;
-  return false;
+  return is_attention_backward(name);
 }
 
 std::string si(double v, const char* unit) {
@@ -111,6 +139,10 @@ int64_t op_flops(const std::string& name, c10::ArrayRef<const c10::IValue> in) {
     return matmul_flops(sizes_of(in, 0), sizes_of(in, 1));
   if (name == "aten::addmm" || name == "aten::baddbmm" || name == "aten::addbmm")
     return matmul_flops(sizes_of(in, 1), sizes_of(in, 2));
+  if (name == kAttention) return attention_flops(sizes_of(in, 0), sizes_of(in, 1), sizes_of(in, 2));
+  // The gradients of q, k and v: twice the forward's matmuls, as the math path's four bmm.
+  if (is_attention_backward(name))
+    return 2 * attention_flops(sizes_of(in, 1), sizes_of(in, 2), sizes_of(in, 3));
   if (name == "aten::convolution" && in.size() >= 9) {
     // (input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
     const auto x = sizes_of(in, 0), w = sizes_of(in, 1);

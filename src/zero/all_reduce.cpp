@@ -44,14 +44,20 @@ void AllReduceReducer::launch_locked(Bucket& b) {
   const int64_t side = buffer_.side().numel();
   at::Tensor t =
       &b == &buckets_.back() && side > 0 ? buffer_.storage().narrow(0, 0, side + b.numel) : slice;
+  // The side channel's values are sums, so its bucket is summed and divided afterwards.
   InFlight f;
-  f.work = comm_.all_reduce(t, comm::ReduceOp::sum);
+  f.work = comm_.all_reduce(t, t.numel() > b.numel ? comm::ReduceOp::sum : reduce_op());
   in_flight_.push_back(std::move(f));
 }
 
 void AllReduceReducer::after_finish() {
   const double factor = postscale_factor();
-  if (factor != 1.0) buffer_.grads().narrow(0, 0, numel_).mul_(factor);
+  if (factor != 1.0) {
+    buffer_.grads().narrow(0, 0, numel_).mul_(factor);
+  } else if (reduce_op() == comm::ReduceOp::avg && buffer_.side().numel() > 0) {
+    const Bucket& b = buckets_.back();  // the one that carried the side channel
+    buffer_.grads().narrow(0, b.offset, b.numel).div_(comm_.world_size());
+  }
 }
 
 void AllReduceReducer::reduce_all_now() {

@@ -36,8 +36,8 @@ void InPlaceReducer::launch_locked(Bucket& b) {
   InFlight f;
   f.staging = staging;
   f.result = staging.narrow(0, own_start - b.offset, counts[comm_.rank()]);
-  f.work = options_.reduce_scatter ? comm_.reduce_scatter(f.result, staging, counts)
-                                   : comm_.all_reduce(staging, comm::ReduceOp::sum);
+  f.work = options_.reduce_scatter ? comm_.reduce_scatter(f.result, staging, counts, reduce_op())
+                                   : comm_.all_reduce(staging, reduce_op());
   in_flight_.push_back(std::move(f));
 }
 
@@ -193,8 +193,8 @@ void SlotReducer::launch_locked(Bucket& b) {
   f.result = staging.narrow(0, own_start - b.offset, counts[comm_.rank()]);
   f.shard_pos = g.shard_base + own_start - (g.base + comm_.rank() * g.shard);
   f.slot = b.slot;
-  f.work = options_.reduce_scatter ? comm_.reduce_scatter(f.result, staging, counts)
-                                   : comm_.all_reduce(staging, comm::ReduceOp::sum);
+  f.work = options_.reduce_scatter ? comm_.reduce_scatter(f.result, staging, counts, reduce_op())
+                                   : comm_.all_reduce(staging, reduce_op());
   in_flight_.push_back(std::move(f));
 }
 

@@ -278,9 +278,14 @@ void GradReducer::prescale(at::Tensor& t) const {
     t.mul_(1.0 / options_.gradient_predivide_factor);
 }
 
+comm::ReduceOp GradReducer::reduce_op() const {
+  const bool mean = !options_.prescale_gradients && options_.gradient_predivide_factor == 1.0;
+  return mean ? comm::ReduceOp::avg : comm::ReduceOp::sum;
+}
+
 double GradReducer::postscale_factor() const {
-  return options_.prescale_gradients ? 1.0
-                                     : options_.gradient_predivide_factor / comm_.world_size();
+  if (options_.prescale_gradients || reduce_op() == comm::ReduceOp::avg) return 1.0;
+  return options_.gradient_predivide_factor / comm_.world_size();
 }
 
 std::vector<int64_t> GradReducer::rank_counts(const Bucket& b, int64_t* own_start) const {

@@ -179,7 +179,12 @@ class GradReducer {
   // DeepSpeed's order of scaling (engine.allreduce_bucket): with prescale_gradients divide by the
   // world size before summing; otherwise divide by gradient_predivide_factor before and multiply
   // by predivide / world after. Both give the mean over ranks.
+  // NOTE [mean in the reduction]: with neither (DeepSpeed's defaults) the collective itself takes
+  // the mean (reduce_op() is avg): the shared-memory collectives divide the fp32 sum before
+  // rounding it once, instead of a pass of its own over the reduced gradients (at stage 0 a
+  // whole model's worth per step); postscale_factor() is then 1.
   void prescale(at::Tensor& t) const;
+  comm::ReduceOp reduce_op() const;
   double postscale_factor() const;
 
   std::vector<at::Tensor> params_;
