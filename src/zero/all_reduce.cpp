@@ -37,6 +37,7 @@ bool AllReduceReducer::may_launch_locked(const Bucket& b) const {
 }
 
 void AllReduceReducer::launch_locked(Bucket& b) {
+  for (int p : b.params) buffer_.settle(p);
   at::Tensor slice = buffer_.grads().narrow(0, b.offset, b.numel);
   prescale(slice);
   // The bucket at the start of the buffer, launched last, also carries the side channel just

@@ -36,6 +36,9 @@ class AllReduceReducer final : public GradReducer {
 
  private:
   void before_backward() override { buffer_.attach_views(); }
+  bool take_gradient_locked(int param, const at::Tensor& grad) override {
+    return buffer_.take(param, grad);
+  }
   bool may_launch_locked(const Bucket& b) const override;
   void launch_locked(Bucket& b) override;
   void after_finish() override;

@@ -1,6 +1,14 @@
-// FullGradBuffer: the gradient buffer of stages 0 and 1, where every parameter's gradient lives
-// between steps. Each parameter's .grad is a view into it, so autograd accumulates straight into
-// the buffer the collectives and the optimizer use, over the micro-steps.
+// FullGradBuffer: the gradient buffer of stages 0 and 1 (and of stage 3's resident group), where
+// every parameter's gradient lives between steps. A parameter's .grad is a view into it, so
+// autograd accumulates straight into the buffer the collectives and the optimizer use, over the
+// micro-steps.
+//
+// NOTE [first gradient is written]: a new window does not zero the buffer. Each parameter's view
+// is stale (its .grad undefined, as after PyTorch's zero_grad()) until its first gradient, which
+// the reducer's pre-hook copies into the view (take) instead of letting autograd add it to
+// zeros: one pass over the gradient instead of a memset, a read and a write. Later gradients of
+// the window accumulate into the view as before. A parameter still stale when its bucket is
+// reduced (no gradient in the window) gets zeros then (settle).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -14,22 +22,31 @@ namespace dscpp::zero {
 class FullGradBuffer {
  public:
   // [side | gradients (padded) ]: `side` extra elements before the first parameter (NOTE [side
-  // channel] in all_reduce.h). Zeroed; the parameters' .grad become views.
+  // channel] in all_reduce.h). Zeroed; a parameter's .grad defined already is copied in, the
+  // others are stale.
   FullGradBuffer(const std::vector<at::Tensor>& params,
                  const std::vector<std::pair<int64_t, int64_t>>& segments, int64_t padded,
                  int64_t side, const at::TensorOptions& options);
-  // Puts the views back where a user's model->zero_grad() (set_to_none in libtorch 2.x) or
-  // optimizer replaced a .grad, keeping its values.
+  // Before a backward: a .grad that is not its view any more is taken in (a gradient the
+  // program put there: copied; undefined, after a user's model->zero_grad() with set_to_none:
+  // stale again, i.e. zeros).
   void attach_views();
+  // A new window: every view stale, every .grad undefined (no memset).
+  void zero();
+  // Parameter i's first gradient of the window, copied into its view (now its .grad); false
+  // when it has one already (autograd accumulates this one into the view).
+  bool take(size_t i, const at::Tensor& grad);
+  // Parameter i is reduced now: a stale view becomes zeros (and its .grad).
+  void settle(size_t i);
   at::Tensor grads() const { return grads_; }      // [padded]
   at::Tensor side() const { return side_; }        // [side]
   at::Tensor storage() const { return storage_; }  // [side + padded]
-  void zero() { storage_.zero_(); }
   int64_t bytes() const { return static_cast<int64_t>(storage_.nbytes()); }
 
  private:
   std::vector<at::Tensor> params_;
-  std::vector<std::pair<int64_t, int64_t>> segments_;
+  std::vector<at::Tensor> views_;  // each parameter's gradient in the buffer, in its shape
+  std::vector<char> stale_;
   at::Tensor storage_, side_, grads_;
 };
 

@@ -29,6 +29,7 @@ void InPlaceReducer::on_arriving_locked(int, Bucket&) {
 }
 
 void InPlaceReducer::launch_locked(Bucket& b) {
+  for (int p : b.params) buffer_.settle(p);
   at::Tensor staging = buffer_.grads().narrow(0, b.offset, b.numel);
   prescale(staging);
   int64_t own_start = 0;
@@ -119,6 +120,12 @@ void SlotReducer::on_arriving_locked(int, Bucket& b) {
   if (!resident(b) && b.slot < 0) acquire_slot_locked(b);
 }
 
+bool SlotReducer::take_gradient_locked(int param, const at::Tensor& grad) {
+  // The resident group's parameters are the first ones, in the same order in its buffer.
+  return resident_ && param_group_[param] == resident_group_ &&
+         resident_->take(param, grad);
+}
+
 void SlotReducer::on_bucket_complete_locked(Bucket& b) {
   if (--group_remaining_[b.group] == 0 && on_group_complete_) on_group_complete_(b.group);
 }
@@ -174,6 +181,7 @@ void SlotReducer::launch_locked(Bucket& b) {
   if (!resident(b) && b.slot < 0) acquire_slot_locked(b);
   at::Tensor staging;
   if (resident(b)) {
+    for (int p : b.params) resident_->settle(p);
     staging = resident_->grads().narrow(0, b.offset - groups_[b.group].base, b.numel);
   } else if (b.slot >= 0) {
     staging = staging_[b.slot].narrow(0, 0, b.numel);

@@ -64,6 +64,9 @@ class InPlaceReducer final : public GradReducer {
 
  private:
   void before_backward() override { buffer_.attach_views(); }
+  bool take_gradient_locked(int param, const at::Tensor& grad) override {
+    return buffer_.take(param, grad);
+  }
   void on_arriving_locked(int param, Bucket& b) override;
   void launch_locked(Bucket& b) override;
   void on_reduced_locked(InFlight& f) override;
@@ -102,6 +105,7 @@ class SlotReducer final : public GradReducer {
   void before_backward() override;
   void reset_locked() override;
   void on_arriving_locked(int param, Bucket& b) override;
+  bool take_gradient_locked(int param, const at::Tensor& grad) override;
   bool may_launch_locked(const Bucket& b) const override;
   void launch_locked(Bucket& b) override;
   void on_reduced_locked(InFlight& f) override;

@@ -35,17 +35,19 @@ class ReadyHook final : public torch::autograd::FunctionPostHook {
   std::function<void()> fn_;
 };
 
-// Before a parameter's gradient accumulator runs: where the gradient will go can still change.
+// Before a parameter's gradient accumulator runs: where the gradient will go can still change,
+// and the gradient path may take it in itself (NOTE [first gradient is written] in
+// grad_buffer.h), leaving the accumulator nothing to add (it skips an undefined gradient).
 class ArrivingHook final : public torch::autograd::FunctionPreHook {
  public:
-  explicit ArrivingHook(std::function<void()> fn) : fn_(std::move(fn)) {}
+  explicit ArrivingHook(std::function<bool(const at::Tensor&)> fn) : fn_(std::move(fn)) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
-    fn_();
+    if (fn_(grads.empty() ? at::Tensor() : grads[0])) return {at::Tensor()};
     return grads;
   }
 
  private:
-  std::function<void()> fn_;
+  std::function<bool(const at::Tensor&)> fn_;
 };
 
 }  // namespace
@@ -102,7 +104,8 @@ void GradReducer::install_hooks() {
     int index = static_cast<int>(i);
     uintptr_t key =
         acc->add_post_hook(std::make_unique<ReadyHook>([this, index] { on_grad_ready(index); }));
-    auto arriving = std::make_unique<ArrivingHook>([this, index] { on_grad_arriving(index); });
+    auto arriving = std::make_unique<ArrivingHook>(
+        [this, index](const at::Tensor& g) { return on_grad_arriving(index, g); });
     hooks_.push_back({acc, key, arriving.get()});
     acc->add_pre_hook(std::move(arriving));
   }
@@ -182,12 +185,14 @@ std::vector<char> GradReducer::reachable_from(const at::Tensor& loss) const {
   return reach;
 }
 
-void GradReducer::on_grad_arriving(int param) {
+bool GradReducer::on_grad_arriving(int param, const at::Tensor& grad) {
   std::lock_guard<std::mutex> g(mu_);
-  if (!reducing_) return;
-  Bucket& b = buckets_[bucket_of_param_[param]];
-  if (b.launched) return;  // a late gradient: on_grad_ready reports it
-  on_arriving_locked(param, b);
+  if (reducing_) {
+    Bucket& b = buckets_[bucket_of_param_[param]];
+    if (b.launched) return false;  // a late gradient: on_grad_ready reports it
+    on_arriving_locked(param, b);
+  }
+  return grad.defined() && take_gradient_locked(param, grad);
 }
 
 void GradReducer::on_grad_ready(int param) {

@@ -156,6 +156,10 @@ class GradReducer {
   // Just before `param`'s gradient is accumulated in a reducing backward (its bucket is not
   // launched yet).
   virtual void on_arriving_locked(int /*param*/, Bucket& /*b*/) {}
+  // Just before autograd accumulates `grad` into `param`'s .grad, in any backward, after
+  // on_arriving_locked: true when the path put it in place itself (NOTE [first gradient is
+  // written] in grad_buffer.h).
+  virtual bool take_gradient_locked(int /*param*/, const at::Tensor& /*grad*/) { return false; }
   // Whether `b` may go now that it is complete and next in order.
   virtual bool may_launch_locked(const Bucket& /*b*/) const { return true; }
   virtual void launch_locked(Bucket& b) = 0;
@@ -207,7 +211,8 @@ class GradReducer {
   double wait_seconds_ = 0;
 
  private:
-  void on_grad_arriving(int param);
+  // Whether the gradient path took `grad` in itself (autograd then accumulates nothing).
+  bool on_grad_arriving(int param, const at::Tensor& grad);
   void on_grad_ready(int param);
   // Marks `param` as having its gradient for this backward; launches what is ready.
   void mark_ready_locked(int param);

@@ -134,5 +134,54 @@ TEST(ZeroReducer, GradientsArrivingOutOfBucketOrderAreKeptThenCopied) {
   for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
 }
 
+// NOTE [first gradient is written]: at stages 0-1 a new window leaves .grad undefined (no
+// memset); the first gradient of each parameter is copied into its place in the buffer, later
+// ones accumulate; a parameter without a gradient is reduced as zeros. The sums are those of
+// plain autograd accumulation over the same micro-steps.
+TEST(ZeroReducer, FirstGradientOfAWindowIsWrittenLaterOnesAccumulate) {
+  auto errors = run_thread_ranks(1, [&](Communicator& c) {
+    for (int stage : {0, 1}) {
+      Net net = make_net(1), twin = make_net(1);
+      zero::ReduceOptions o;
+      o.reduce_bucket_size = 1;
+      auto reducer = make_reducer(*net, c, stage, o);
+      auto micro = [&](Net& m, int64_t from, bool branch) {
+        return at::mse_loss(m->forward(dataset_x().narrow(0, from, 2), branch),
+                            dataset_y().narrow(0, from, 2));
+      };
+      for (int window = 0; window < 2; ++window) {
+        reducer->zero_grads();
+        twin->zero_grad();
+        for (const auto& p : net->parameters()) EXPECT_FALSE(p.grad().defined());
+        // Micro-step 1 uses the branch, micro-step 2 does not; the branch's bias and weight
+        // still hold the first step's gradient at the boundary.
+        reducer->prepare_backward(false);
+        micro(net, 4 * window, true).backward();
+        reducer->finish_backward();
+        micro(twin, 4 * window, true).backward();
+        reducer->prepare_backward(true);
+        at::Tensor loss = micro(net, 4 * window + 2, false);
+        loss.backward();
+        reducer->finish_backward();
+        micro(twin, 4 * window + 2, false).backward();
+        auto mine = net->named_parameters(), want = twin->named_parameters();
+        for (const auto& item : want) {
+          const at::Tensor g = mine[item.key()].grad();
+          ASSERT_TRUE(g.defined()) << item.key();
+          EXPECT_TRUE(at::allclose(g, item.value().grad(), 1e-6, 1e-7))
+              << "stage " << stage << " window " << window << " " << item.key();
+        }
+      }
+      // A window where the branch gets no gradient at all: reduced as zeros.
+      reducer->zero_grads();
+      reducer->prepare_backward(true);
+      micro(net, 0, false).backward();
+      reducer->finish_backward();
+      EXPECT_TRUE(at::equal(net->branch->weight.grad(), at::zeros_like(net->branch->weight)));
+    }
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+}
+
 }  // namespace
 }  // namespace dscpp
