@@ -84,15 +84,29 @@ def build_model(a):
     return model
 
 
-class Ddp:
+class TorchStep:
+    """The step of the PyTorch peers: clip by the global norm, torch.optim.AdamW, zero_grad."""
+
+    def __init__(self, parameters, cfg):
+        self.params = list(parameters)
+        self.opt = torch.optim.AdamW(self.params, **adam_settings(cfg))
+        self.clip = cfg.get("gradient_clipping", 0.0)
+
+    def step(self):
+        if self.clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
+class Ddp(TorchStep):
     """DDP, eager or under torch.compile; bf16 under autocast."""
 
     def __init__(self, a, cfg, bf16):
         from torch.nn.parallel import DistributedDataParallel as DDP
         self.ddp = DDP(build_model(a))
         self.model = torch.compile(self.ddp) if a.system == "ddp_compile" else self.ddp
-        self.opt = torch.optim.AdamW(self.ddp.parameters(), **adam_settings(cfg))
-        self.clip = cfg.get("gradient_clipping", 0.0)
+        super().__init__(self.ddp.parameters(), cfg)
         self.bf16 = bf16
 
     def micro_step(self, x, y, last, gas):
@@ -102,14 +116,8 @@ class Ddp:
             (loss / gas).backward()
         return loss.item()
 
-    def step(self):
-        if self.clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.ddp.parameters(), self.clip)
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
 
-
-class Fsdp2:
+class Fsdp2(TorchStep):
     """fully_shard per block, then the root (reshard after forward: ZeRO-3)."""
 
     def __init__(self, a, cfg, bf16):
@@ -125,20 +133,13 @@ class Fsdp2:
             fully_shard(block, **kw)
         fully_shard(model, **kw)
         self.model = model
-        self.opt = torch.optim.AdamW(model.parameters(), **adam_settings(cfg))
-        self.clip = cfg.get("gradient_clipping", 0.0)
+        super().__init__(model.parameters(), cfg)
 
     def micro_step(self, x, y, last, gas):
         self.model.set_requires_gradient_sync(last)
         loss = GPT.cross_entropy(self.model(x), y)
         (loss / gas).backward()
         return loss.item()
-
-    def step(self):
-        if self.clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
 
 
 class DeepSpeed:
