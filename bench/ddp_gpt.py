@@ -6,7 +6,7 @@ bytes of a text file cut by the same data contract (sample j = tok[j*T : j*T+T+1
 thread per rank. Start it with dscpp launch, whose RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT are
 what torch.distributed's env:// expects:
 
-  build/dscpp launch --num_procs 2 /usr/bin/python3 bench/ddp_gpt.py --data FILE --steps 40 ...
+  build/dscpp launch --num_procs 2 .venv/bin/python bench/ddp_gpt.py --data FILE --steps 40 ...
 
 Prints steady-state tokens/s (steps after the warm-up), the training loop's wall time and the
 last step's loss (the mean over every rank's micro-batch, as dscpp train prints it) on rank 0, and
@@ -14,6 +14,9 @@ each rank's peak RSS. --bf16 runs forward and loss under torch.autocast("cpu", t
 PyTorch's mixed precision on a CPU (fp32 weights, gradients and optimizer). --gas N accumulates N
 micro-batches per optimizer step (no_sync until the last), taking them as dscpp does; --init starts
 from dscpp's initial weights (otherwise PyTorch's default init, which starts at a loss near 160).
+Attention runs through F.scaled_dot_product_attention (DSCPP_GPT_ATTENTION, default sdpa here), as
+a PyTorch 2.x user's model does. bench/peers/train_gpt.py runs the other peers (and DDP) from a
+DeepSpeed config file; this one keeps DDP's own knobs (bucket size, --breakdown).
 """
 import argparse
 import contextlib
@@ -49,6 +52,7 @@ def main():
                     help="print rank 0's forward, backward and optimizer ms of every step")
     a = ap.parse_args()
     torch.set_num_threads(1)
+    os.environ.setdefault("DSCPP_GPT_ATTENTION", "sdpa")
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(1234)

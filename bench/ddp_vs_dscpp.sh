@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Throughput of `dscpp train` (stage 0) against PyTorch DDP (python3-torch 1.13.1, gloo,
+# Throughput of `dscpp train` (stage 0) against PyTorch DDP (the .venv torch, 2.15.0, gloo,
 # torch.optim.AdamW) on the same GPT, batch, sequence length, data and threads: 2 ranks, one
 # intra-op thread each, runs alternated A B C A B C ..., and the per-round ratio. A is dscpp as it
 # runs by default (shared-memory collectives between ranks on one host), B dscpp with every
@@ -13,7 +13,7 @@
 # bf16 matmuls. Needs build/ and ../shared/data/tinyshakespeare.txt)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. bench/lib.sh  # median
+. bench/lib.sh  # median, mean_rank_rss
 ROUNDS=${1:-3}
 STEPS=${2:-40}
 DATA=${DATA:-../shared/data/tinyshakespeare.txt}
@@ -35,7 +35,6 @@ export OMP_NUM_THREADS=1
 port=$((21000 + RANDOM % 9000))
 ra=() rt=()
 tput() { grep -o 'throughput: [0-9.]*' | awk '{print $2}'; }
-rss() { grep -o 'peak RSS [0-9.]*' | awk '{s += $3; n++} END {printf "%.0f", s / n}'; }
 printf '| round | dscpp tokens/s | dscpp over TCP tokens/s | DDP tokens/s | dscpp / DDP | dscpp over TCP / DDP | dscpp RSS/rank MiB | DDP RSS/rank MiB |\n|---|---|---|---|---|---|---|---|\n'
 train() {
   build/dscpp launch --num_procs 2 --master_port $((port++)) build/dscpp train --config "$CFG" \
@@ -44,12 +43,12 @@ train() {
 for r in $(seq "$ROUNDS"); do
   a=$(DSCPP_COMM_SHM=auto train)
   t=$(DSCPP_COMM_SHM=off train)
-  b=$(build/dscpp launch --num_procs 2 --master_port $((port++)) /usr/bin/python3 bench/ddp_gpt.py \
+  b=$(build/dscpp launch --num_procs 2 --master_port $((port++)) .venv/bin/python bench/ddp_gpt.py \
       --data "$DATA" --n_layer $L --n_head $H --n_embd $C --block_size $T --micro_batch $MB --steps "$STEPS" \
       --bucket_cap_mb "$(awk -v b="$BUCKET" 'BEGIN {print b * 4 / 1048576}')" $ddp_prec 2>&1)
   ta=$(tput <<<"$a"); tt=$(tput <<<"$t"); tb=$(tput <<<"$b")
   ra+=("$(awk -v a="$ta" -v b="$tb" 'BEGIN {printf "%.3f", a / b}')")
   rt+=("$(awk -v a="$tt" -v b="$tb" 'BEGIN {printf "%.3f", a / b}')")
-  printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$r" "$ta" "$tt" "$tb" "${ra[-1]}" "${rt[-1]}" "$(rss <<<"$a")" "$(rss <<<"$b")"
+  printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$r" "$ta" "$tt" "$tb" "${ra[-1]}" "${rt[-1]}" "$(mean_rank_rss <<<"$a")" "$(mean_rank_rss <<<"$b")"
 done
 printf '| median | | | | %s | %s | | |\n' "$(median "${ra[@]}")" "$(median "${rt[@]}")"

@@ -16,3 +16,10 @@ gpt_shape() {
     *) echo "unknown model '$1': bench or 150m" >&2; return 2 ;;
   esac
 }
+
+# mean_rank_rss: the mean of the ranks' peak RSS, MiB, from the "rank R: peak RSS M MiB" line each
+# rank prints last (dscpp train and the Python peers alike) on stdin; not the progress lines' or
+# set-up's "peak RSS so far".
+mean_rank_rss() {
+  grep -oE 'rank [0-9]+: peak RSS [0-9.]+' | awk '{s += $5; n++} END {if (n) printf "%.0f", s / n}'
+}

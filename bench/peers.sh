@@ -12,9 +12,10 @@
 #   [MODEL=bench|150m] [DTYPES="fp32 bf16"] [ONLY="dscpp ddp ..."] bench/peers.sh [ROUNDS] [STEPS]
 # Prints one markdown table per dtype; keeps every run's output under $OUT (default
 # /tmp/peers_MODEL). A peer that fails is a row with its error, never a missing row.
+# REPORT=1 with the same arguments prints the tables again from $OUT's logs, running nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. bench/lib.sh  # median, gpt_shape
+. bench/lib.sh  # median, gpt_shape, mean_rank_rss
 ROUNDS=${1:-3}
 STEPS=${2:-30}
 MODEL=${MODEL:-bench}
@@ -23,14 +24,14 @@ DATA=${DATA:-../shared/data/tinyshakespeare.txt}
 OUT=${OUT:-/tmp/peers_$MODEL}
 mkdir -p "$OUT"
 PY=.venv/bin/python
-$PY -c "import deepspeed" 2>/dev/null || { echo "peers: no deepspeed in .venv; run bench/peers/setup.sh" >&2; exit 2; }
+[ -n "${REPORT:-}" ] || $PY -c "import deepspeed" >/dev/null 2>&1 || { echo "peers: no deepspeed in .venv; run bench/peers/setup.sh" >&2; exit 2; }
 export OMP_NUM_THREADS=1
 port=$((21000 + RANDOM % 9000))
 
 # The initial weights every system starts from: dscpp's seeded init of this GPT.
 INIT=$OUT/init.safetensors
 echo '{"train_batch_size": 1, "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}}}' >"$OUT/init.json"
-build/dscpp train --config "$OUT/init.json" --data "$DATA" --n_layer $L --n_head $H --n_embd $C \
+[ -n "${REPORT:-}" ] || build/dscpp train --config "$OUT/init.json" --data "$DATA" --n_layer $L --n_head $H --n_embd $C \
   --block_size $T --vocab_size 256 --steps 0 --save_final "$INIT" --eval_problems 0 >/dev/null
 
 # config DTYPE STAGE: the DeepSpeed config file every system of a row reads.
@@ -60,7 +61,7 @@ run() {
   fi
 }
 tput() { grep -o 'throughput: [0-9.]*' "$1" 2>/dev/null | awk '{print $2}'; }
-rss() { grep -o 'peak RSS [0-9.]*' "$1" 2>/dev/null | awk '{s += $3; n++} END {if (n) printf "%.0f", s / n}'; }
+rss() { mean_rank_rss <"$1"; }
 loss() { grep -oE "step $STEPS(/$STEPS \|)? loss [0-9.]*" "$1" 2>/dev/null | awk '{print $NF}' | tail -1; }
 why() { grep -oE 'peer failed: .*|[A-Za-z]*Error: .*' "$1" 2>/dev/null | head -1 | cut -c1-160; }
 
@@ -73,6 +74,7 @@ ROWS=(
 )
 for dtype in ${DTYPES:-fp32 bf16}; do
   for r in $(seq "$ROUNDS"); do
+    [ -n "${REPORT:-}" ] && break
     for row in "${ROWS[@]}"; do
       set -- $row
       if [ -n "${ONLY:-}" ] && ! grep -qw "$1" <<<"$ONLY dscpp"; then continue; fi

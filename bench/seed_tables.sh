@@ -13,11 +13,12 @@
 #   --probes FILE keep each probe's peak RSS in FILE and reuse those already there (a later run
 #                 with the same models skips them)
 # Tables A and B: the 150M GPT (12 x 1024, 16 heads, block 256, vocab 256) on 2 ranks x 1 thread
-# on ../shared/data/tinyshakespeare.txt, AdamW lr 3e-4, clipping 1.0: PyTorch DDP
-# (bench/ddp_gpt.py, python3-torch, autocast for bf16, starting from dscpp's initial weights) and
-# dscpp train at ZeRO stages 0-3 with DeepSpeed's default zero settings (a config that names the
-# stage alone), and in table B also stage 3 releasing each unit after use (RELEASE below; the
-# defaults keep this model's units gathered).
+# on ../shared/data/tinyshakespeare.txt, AdamW lr 3e-4, clipping 1.0: PyTorch 2.15's DDP and FSDP2
+# and DeepSpeed 0.19.8 at ZeRO stages 1-3 (bench/peers/train_gpt.py from the same config file;
+# autocast for DDP's bf16, MixedPrecisionPolicy for FSDP2's, DeepSpeed's own; all starting from
+# dscpp's initial weights) and dscpp train at ZeRO stages 0-3 with DeepSpeed's default zero
+# settings (a config that names the stage alone), and in table B also stage 3 releasing each unit
+# after use (RELEASE below; the defaults keep this model's units gathered).
 # Max micro-batch: micro-batches 1 and 2 are run (2 steps each, every rank's peak RSS measured),
 # the line through them guesses the largest that fits, and runs at the guess and next to it walk
 # until micro-batch m fits and m + 1 does not: every number in the table is a run's.
@@ -33,7 +34,7 @@
 # default /work/swap), units released after use: max micro-batch and one timed round of 16
 # samples in steps of 4 per rank.
 # L H C and CL CH CC in the environment change the models.
-# Needs build/dscpp and python3-torch; about an hour and a half on the 2-core machine with the
+# Needs build/dscpp and .venv (scripts/setup.sh, bench/peers/setup.sh); about an hour and a half on the 2-core machine with the
 # defaults.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -87,6 +88,8 @@ zero_json() {
 label() {
   case $1 in
     ddp) echo "PyTorch DDP" ;;
+    fsdp2) echo "PyTorch FSDP2 (fully_shard per block)" ;;
+    ds1 | ds2 | ds3) echo "DeepSpeed ZeRO stage ${1#ds}" ;;
     s0 | s1 | s2 | s3) echo "dscpp ZeRO stage ${1#s}" ;;
     s3r) echo "dscpp ZeRO stage 3, released after use" ;;
     s3_opt_nvme) echo "dscpp ZeRO stage 3, optimizer on nvme" ;;
@@ -98,23 +101,31 @@ label() {
 # next_port (a subshell's port would not count). DDP_PROCS: DDP's number of ranks.
 next_port() { port=$((port + 1)); }
 run() {
-  local sys=$1 prec=$2 mb=$3 steps=$4 gas=${5:-1}
-  if [ "$sys" = ddp ]; then
-    local flag=(--gas "$gas")
-    [ "$prec" = bf16 ] && flag+=(--bf16)
-    [ -n "${INIT:-}" ] && flag+=(--init "$INIT")
-    build/dscpp launch --num_procs "${DDP_PROCS:-2}" --master_port "$port" /usr/bin/python3 bench/ddp_gpt.py \
-      --data "$DATA" --n_layer $L --n_head $H --n_embd $C --block_size $T --micro_batch "$mb" \
-      --steps "$steps" --warmup 1 "${flag[@]}" 2>&1
-    return
-  fi
+  local sys=$1 prec=$2 mb=$3 steps=$4 gas=${5:-1} procs=${DDP_PROCS:-2} zero
   local precision=""
   [ "$prec" = bf16 ] && precision=', "bf16": {"enabled": true}'
+  case $sys in
+    ddp) zero='{"stage": 0}' ;;
+    fsdp2) zero='{"stage": 3}' ;;
+    ds*) zero='{"stage": '"${sys#ds}"'}' ;;
+    *) zero=$(zero_json "$sys") procs=2 ;;
+  esac
   cat >"$WORK/config.json" <<JSON
-{"train_batch_size": $((mb * 2 * gas)), "train_micro_batch_size_per_gpu": $mb, "steps_per_print": 1000,
- "gradient_clipping": 1.0, "zero_optimization": $(zero_json "$sys"),
+{"train_batch_size": $((mb * procs * gas)), "train_micro_batch_size_per_gpu": $mb, "steps_per_print": 1000,
+ "gradient_clipping": 1.0, "zero_optimization": $zero,
  "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.01}}$precision}
 JSON
+  case $sys in
+    ddp | fsdp2 | ds*)
+      local flag=()
+      [ -n "${INIT:-}" ] && flag+=(--init "$INIT")
+      build/dscpp launch --num_procs "$procs" --master_port "$port" .venv/bin/python \
+        bench/peers/train_gpt.py --system "$(sed 's/^ds[0-9]$/deepspeed/' <<<"$sys")" \
+        --config "$WORK/config.json" --data "$DATA" --n_layer $L --n_head $H --n_embd $C \
+        --block_size $T --steps "$steps" --warmup 1 "${flag[@]}" 2>&1
+      return
+      ;;
+  esac
   build/dscpp launch --num_procs 2 --master_port "$port" build/dscpp train --config "$WORK/config.json" \
     --data "$DATA" --n_layer $L --n_head $H --n_embd $C --block_size $T --vocab_size 256 \
     --steps "$steps" --no_shuffle --eval_problems 0 2>&1
@@ -245,13 +256,13 @@ if [[ $TABLES == *A* ]]; then
   echo
   echo "## Table A: fp32, GPT $L x $C ($H heads, block $T), 2 ranks"
   write_init
-  table fp32 "$BATCH" "$SAMPLES" ddp s0 s1 s2 s3
+  table fp32 "$BATCH" "$SAMPLES" ddp fsdp2 ds1 ds2 ds3 s0 s1 s2 s3
 fi
 if [[ $TABLES == *B* ]]; then
   echo
   echo "## Table B: bf16 (DDP under autocast), GPT $L x $C ($H heads, block $T), 2 ranks"
   write_init
-  table bf16 "$BATCH" "$SAMPLES" ddp s0 s1 s2 s3 s3r
+  table bf16 "$BATCH" "$SAMPLES" ddp fsdp2 ds1 ds2 ds3 s0 s1 s2 s3 s3r
 fi
 if [[ $TABLES == *C* ]]; then
   L=$CL C=$CC H=$CH

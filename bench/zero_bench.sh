@@ -23,7 +23,7 @@
 #   BUCKETS=N (default 5000000): "overlap_comm": true and reduce/allgather_bucket_size N;
 #   BUCKETS=default: the zero_optimization section names the stage alone, so DeepSpeed's
 #         defaults apply (5e8-element buckets, overlap_comm false at stages 1-2).
-# Needs build/ (and, for DDP, python3-torch).
+# Needs build/ (and, for DDP, .venv with torch: scripts/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh  # median
@@ -79,7 +79,7 @@ run() {
 }
 # ddp STEPS: the same GPT under PyTorch DDP (bench/ddp_gpt.py) at 2 ranks, its default buckets
 ddp() {
-  build/dscpp launch --num_procs 2 --master_port "$port" /usr/bin/python3 bench/ddp_gpt.py \
+  build/dscpp launch --num_procs 2 --master_port "$port" .venv/bin/python bench/ddp_gpt.py \
     --data "$DATA" --n_layer "$L" --n_head "$H" --n_embd "$C" --block_size "$T" \
     --micro_batch "$MB" --steps "$1" 2>&1
 }
