@@ -34,8 +34,8 @@
 # default /work/swap), units released after use: max micro-batch and one timed round of 16
 # samples in steps of 4 per rank.
 # L H C and CL CH CC in the environment change the models.
-# Needs build/dscpp and .venv (scripts/setup.sh, bench/peers/setup.sh); about an hour and a half on the 2-core machine with the
-# defaults.
+# Needs build/dscpp and .venv (scripts/setup.sh, bench/peers/setup.sh). Table B alone with one
+# round took 27 minutes on the 2-core machine (2026-12-03); all three with the defaults, hours.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh  # median
