@@ -20,8 +20,9 @@
 # settings (a config that names the stage alone), and in table B also stage 3 releasing each unit
 # after use (RELEASE below; the defaults keep this model's units gathered).
 # Max micro-batch: micro-batches 1 and 2 are run (2 steps each, every rank's peak RSS measured),
-# the line through them guesses the largest that fits, and runs at the guess and next to it walk
-# until micro-batch m fits and m + 1 does not: every number in the table is a run's.
+# the line through them guesses the largest that fits, and further runs narrow it (each guess on
+# the line through the nearest run that fits and the nearest that does not) until micro-batch m
+# fits and m + 1 does not: every number in the table is a run's.
 # Timed rounds: each system trains S samples in optimizer steps of B samples per rank, as micro-
 # batch u (the largest divisor of B not above its max) x B / u accumulation steps, so all train
 # the same steps on the same data: steady tokens/s (after the first step), the training loop's
@@ -165,7 +166,7 @@ fits() {
 # max_mb SYSTEM PREC: sets MAX to the largest micro-batch (up to MAX_MB) whose runs stay under the
 # cap; 0 when micro-batch 1 does not
 max_mb() {
-  local sys=$1 prec=$2 p1 p2 m
+  local sys=$1 prec=$2 p1 p2 m lo=2 hi=$((MAX_MB + 1))
   MAX=0
   fits "$sys" "$prec" 1 || return 0
   MAX=1
@@ -173,13 +174,21 @@ max_mb() {
   p1=${PEAK[$(key "$sys" "$prec" 1)]} p2=${PEAK[$(key "$sys" "$prec" 2)]}
   m=$(awk -v a="$p1" -v b="$p2" -v c="$CAP_MIB" -v x="$MAX_MB" \
     'BEGIN {s = b - a; m = s > 0 ? int(1 + (c - a) / s) : x; if (m < 2) m = 2; if (m > x) m = x; print m}')
-  if fits "$sys" "$prec" "$m"; then
-    while [ "$m" -lt "$MAX_MB" ] && fits "$sys" "$prec" $((m + 1)); do m=$((m + 1)); done
-  else
-    while ! fits "$sys" "$prec" $((m - 1)); do m=$((m - 1)); done
-    m=$((m - 1))
-  fi
-  MAX=$m
+  # lo fits and hi does not (MAX_MB + 1: not run). Each next guess is on the line through the
+  # peaks at lo and hi once hi was run (the peak grows faster than the first two points say),
+  # and lo + 1 before that; the search ends with hi = lo + 1, both run.
+  while [ $((hi - lo)) -gt 1 ]; do
+    if fits "$sys" "$prec" "$m"; then lo=$m; else hi=$m; fi
+    if [ "$hi" -gt "$MAX_MB" ]; then
+      m=$((lo + 1))
+    else
+      m=$(awk -v l="$lo" -v h="$hi" -v pl="${PEAK[$(key "$sys" "$prec" "$lo")]}" \
+        -v ph="${PEAK[$(key "$sys" "$prec" "$hi")]}" -v c="$CAP_MIB" \
+        'BEGIN {m = ph > pl ? int(l + (c - pl) * (h - l) / (ph - pl)) : l + 1;
+                if (m <= l) m = l + 1; if (m >= h) m = h - 1; print m}')
+    fi
+  done
+  MAX=$lo
 }
 
 # table PREC BATCH SAMPLES SYSTEM...: the max micro-batches, then ROUNDS alternated timed rounds
