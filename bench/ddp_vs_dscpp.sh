@@ -13,7 +13,7 @@
 # bf16 matmuls. Needs build/ and ../shared/data/tinyshakespeare.txt)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. bench/lib.sh  # median, mean_rank_rss
+. bench/lib.sh  # median, mean_rank_rss, tokens_per_s
 ROUNDS=${1:-3}
 STEPS=${2:-40}
 DATA=${DATA:-../shared/data/tinyshakespeare.txt}
@@ -34,7 +34,6 @@ JSON
 export OMP_NUM_THREADS=1
 port=$((21000 + RANDOM % 9000))
 ra=() rt=()
-tput() { grep -o 'throughput: [0-9.]*' | awk '{print $2}'; }
 printf '| round | dscpp tokens/s | dscpp over TCP tokens/s | DDP tokens/s | dscpp / DDP | dscpp over TCP / DDP | dscpp RSS/rank MiB | DDP RSS/rank MiB |\n|---|---|---|---|---|---|---|---|\n'
 train() {
   build/dscpp launch --num_procs 2 --master_port $((port++)) build/dscpp train --config "$CFG" \
@@ -46,7 +45,7 @@ for r in $(seq "$ROUNDS"); do
   b=$(build/dscpp launch --num_procs 2 --master_port $((port++)) .venv/bin/python bench/ddp_gpt.py \
       --data "$DATA" --n_layer $L --n_head $H --n_embd $C --block_size $T --micro_batch $MB --steps "$STEPS" \
       --bucket_cap_mb "$(awk -v b="$BUCKET" 'BEGIN {print b * 4 / 1048576}')" $ddp_prec 2>&1)
-  ta=$(tput <<<"$a"); tt=$(tput <<<"$t"); tb=$(tput <<<"$b")
+  ta=$(tokens_per_s <<<"$a"); tt=$(tokens_per_s <<<"$t"); tb=$(tokens_per_s <<<"$b")
   ra+=("$(awk -v a="$ta" -v b="$tb" 'BEGIN {printf "%.3f", a / b}')")
   rt+=("$(awk -v a="$tt" -v b="$tb" 'BEGIN {printf "%.3f", a / b}')")
   printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$r" "$ta" "$tt" "$tb" "${ra[-1]}" "${rt[-1]}" "$(mean_rank_rss <<<"$a")" "$(mean_rank_rss <<<"$b")"

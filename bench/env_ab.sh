@@ -9,7 +9,7 @@
 # T 256, micro-batch 1); BF16=1 trains in bf16; STAGE=0..3. Data: tinyshakespeare's bytes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. bench/lib.sh  # median, gpt_shape
+. bench/lib.sh  # median, gpt_shape, tokens_per_s
 A=${1?usage: bench/env_ab.sh 'VAR=a ...' 'VAR=b ...' [ROUNDS] [STEPS]}
 B=${2:?usage: bench/env_ab.sh 'VAR=a ...' 'VAR=b ...' [ROUNDS] [STEPS]}
 ROUNDS=${3:-5}
@@ -41,13 +41,12 @@ run() {
     --config "$CFG" --data "$DATA" --n_layer $L --n_head $H --n_embd $C --block_size $T \
     --steps "$STEPS" --no_shuffle 2>&1
 }
-tput() { grep -o 'throughput: [0-9.]*' | awk '{print $2}'; }
 loss() { grep -o "step $STEPS/$STEPS | loss [0-9.]*" | awk '{print $5}'; }
 printf '| round | A tokens/s | B tokens/s | A / B | loss A | loss B |\n|---|---|---|---|---|---|\n'
 ratios=()
 for r in $(seq "$ROUNDS"); do
   a=$(run "$A"); b=$(run "$B")
-  ta=$(tput <<<"$a"); tb=$(tput <<<"$b")
+  ta=$(tokens_per_s <<<"$a"); tb=$(tokens_per_s <<<"$b")
   ratios+=("$(awk -v a="$ta" -v b="$tb" 'BEGIN {printf "%.3f", a / b}')")
   printf '| %s | %s | %s | %s | %s | %s |\n' "$r" "$ta" "$tb" "${ratios[-1]}" "$(loss <<<"$a")" "$(loss <<<"$b")"
 done

@@ -23,3 +23,7 @@ gpt_shape() {
 mean_rank_rss() {
   grep -oE 'rank [0-9]+: peak RSS [0-9.]+' | awk '{s += $5; n++} END {if (n) printf "%.0f", s / n}'
 }
+
+# tokens_per_s [FILE]: X of a run's "throughput: X tokens/s" line (dscpp train and the Python
+# peers alike), from FILE or stdin; nothing when the run printed none.
+tokens_per_s() { grep -o 'throughput: [0-9.]*' "$@" 2>/dev/null | awk '{print $2}'; }

@@ -11,6 +11,7 @@
 #   SUB_GROUP=2000000 (elements per sub-group)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh  # tokens_per_s
 ROUNDS=${1:-3}
 STEPS=${2:-6}
 MODEL=${MODEL:-small}
@@ -52,7 +53,6 @@ run() {
     --n_layer "$L" --n_head "$H" --n_embd "$C" "${data_args[@]}" --steps "$STEPS" --no_shuffle \
     --eval_problems 10 2>&1
 }
-tput() { grep -o 'throughput: [0-9.]*' | awk '{print $2}'; }
 peak_rss() { grep -o 'peak RSS [0-9.]*' | awk '{if ($3 > m) m = $3} END {printf "%.0f", m}'; }
 # Rank 0's swap figures, mean over steps 3..: swap ms, read MiB, written MiB, waited ms, stepped ms.
 swap_means() {
@@ -71,7 +71,7 @@ for r in $(seq "$ROUNDS"); do
   write_config "{\"device\": \"nvme\", \"nvme_path\": \"$SWAP\", \"pipeline_read\": true, \"pipeline_write\": true}"
   off=$(run)
   read -r opt rd wr waited stepped < <(swap_means <<<"$off")
-  awk -v r="$r" -v a="$(tput <<<"$mem")" -v b="$(tput <<<"$off")" -v t="$opt" -v rd="$rd" -v wr="$wr" \
+  awk -v r="$r" -v a="$(tokens_per_s <<<"$mem")" -v b="$(tokens_per_s <<<"$off")" -v t="$opt" -v rd="$rd" -v wr="$wr" \
       -v q="$waited" -v c="$stepped"  -v m1="$(peak_rss <<<"$mem")" -v m2="$(peak_rss <<<"$off")" 'BEGIN {
     # The swap moves data at or above the plain sequential rate, so the disk is busy throughout
     # the swap: the I/O time hidden behind compute is the swap time the thread did not wait.

@@ -15,7 +15,7 @@
 # REPORT=1 with the same arguments prints the tables again from $OUT's logs, running nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. bench/lib.sh  # median, gpt_shape, mean_rank_rss
+. bench/lib.sh  # median, gpt_shape, mean_rank_rss, tokens_per_s
 ROUNDS=${1:-3}
 STEPS=${2:-30}
 MODEL=${MODEL:-bench}
@@ -60,7 +60,6 @@ run() {
       --n_layer $L --n_head $H --n_embd $C --block_size $T --steps "$STEPS" >"$log" 2>&1 || true
   fi
 }
-tput() { grep -o 'throughput: [0-9.]*' "$1" 2>/dev/null | awk '{print $2}'; }
 rss() { mean_rank_rss <"$1"; }
 loss() { grep -oE "step $STEPS(/$STEPS \|)? loss [0-9.]*" "$1" 2>/dev/null | awk '{print $NF}' | tail -1; }
 why() { grep -oE 'peer failed: .*|[A-Za-z]*Error: .*' "$1" 2>/dev/null | head -1 | cut -c1-160; }
@@ -93,10 +92,10 @@ for dtype in ${DTYPES:-fp32 bf16}; do
     ts=() ratios=() rs=() l="" failed=""
     for r in $(seq "$ROUNDS"); do
       log=$OUT/$1_s$2_${dtype}_r$r.log
-      t=$(tput "$log")
+      t=$(tokens_per_s "$log")
       if [ -z "$t" ]; then failed=$(why "$log"); [ -n "$failed" ] || failed="no throughput line ($log)"; continue; fi
       ts+=("$t"); rs+=("$(rss "$log")"); l=$(loss "$log")
-      d=$(tput "$OUT/dscpp_s$2_${dtype}_r$r.log")
+      d=$(tokens_per_s "$OUT/dscpp_s$2_${dtype}_r$r.log")
       [ -n "$d" ] && ratios+=("$(awk -v a="$d" -v b="$t" 'BEGIN {printf "%.3f", a / b}')")
     done
     if ((${#ts[@]} == 0)); then

@@ -26,7 +26,7 @@
 # Needs build/ (and, for DDP, .venv with torch: scripts/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. bench/lib.sh  # median
+. bench/lib.sh  # median, tokens_per_s
 MODE=${1:-memory}
 MODEL=${MODEL:-small}
 if [ "$MODEL" = 150m ]; then
@@ -86,7 +86,6 @@ ddp() {
 if [ "${DDP:-0}" = 1 ] && [ -z "$DATA" ]; then
   echo "zero_bench: DDP=1 needs DATA and T (the DDP twin trains on a text file)" >&2; exit 2
 fi
-tput() { grep -o 'throughput: [0-9.]*' | awk '{print $2}'; }
 peak_rss() { grep -o 'peak RSS [0-9.]*' | awk '{if ($3 > m) m = $3} END {printf "%.0f", m}'; }
 
 if [ "$MODE" = memory ]; then
@@ -131,7 +130,7 @@ speed() {
       write_config "$stage" fp32 2
       next_port
       out=$(run 2 "$steps")
-      t+=("$(tput <<<"$out")") m+=("$(peak_rss <<<"$out")")
+      t+=("$(tokens_per_s <<<"$out")") m+=("$(peak_rss <<<"$out")")
     done
     t0+=("${t[0]}") t1+=("${t[1]}") t2+=("${t[2]}") m0+=("${m[0]}") m1+=("${m[1]}") m2+=("${m[2]}")
     r1+=("$(awk -v a="${t[0]}" -v b="${t[1]}" 'BEGIN {printf "%.3f", a / b}')")
@@ -140,7 +139,7 @@ speed() {
     if [ "${DDP:-0}" = 1 ]; then
       next_port
       out=$(ddp "$steps")
-      td+=("$(tput <<<"$out")") md+=("$(peak_rss <<<"$out")")
+      td+=("$(tokens_per_s <<<"$out")") md+=("$(peak_rss <<<"$out")")
       dcol=" ${td[-1]} |" dmem=" / ${md[-1]}"
     fi
     printf '| %s | %s | %s | %s |%s %s | %s | %s / %s / %s%s |\n' "$r" "${t[0]}" "${t[1]}" "${t[2]}" \
@@ -166,13 +165,13 @@ stage3_speed() {
   printf '|---|---|---|---|---|---|---|---|---|\n'
   for r in $(seq "$rounds"); do
     write_config 0 fp32 2; next_port; out=$(run 2 "$steps")
-    t0+=("$(tput <<<"$out")") m0+=("$(peak_rss <<<"$out")")
+    t0+=("$(tokens_per_s <<<"$out")") m0+=("$(peak_rss <<<"$out")")
     write_config 3 fp32 2; next_port; out=$(run 2 "$steps")
-    td+=("$(tput <<<"$out")") wd+=("$(gather_wait <<<"$out")") md+=("$(peak_rss <<<"$out")")
+    td+=("$(tokens_per_s <<<"$out")") wd+=("$(gather_wait <<<"$out")") md+=("$(peak_rss <<<"$out")")
     write_config 3 fp32 2 "$S3_PREFETCH"; next_port; out=$(run 2 "$steps")
-    tp+=("$(tput <<<"$out")") wp+=("$(gather_wait <<<"$out")") mp+=("$(peak_rss <<<"$out")")
+    tp+=("$(tokens_per_s <<<"$out")") wp+=("$(gather_wait <<<"$out")") mp+=("$(peak_rss <<<"$out")")
     write_config 3 fp32 2 "$S3_LEAN"; next_port; out=$(run 2 "$steps")
-    tn+=("$(tput <<<"$out")") wn+=("$(gather_wait <<<"$out")") mn+=("$(peak_rss <<<"$out")")
+    tn+=("$(tokens_per_s <<<"$out")") wn+=("$(gather_wait <<<"$out")") mn+=("$(peak_rss <<<"$out")")
     rd+=("$(awk -v a="${t0[-1]}" -v b="${td[-1]}" 'BEGIN {printf "%.3f", a / b}')")
     rp+=("$(awk -v a="${t0[-1]}" -v b="${tp[-1]}" 'BEGIN {printf "%.3f", a / b}')")
     rn+=("$(awk -v a="${t0[-1]}" -v b="${tn[-1]}" 'BEGIN {printf "%.3f", a / b}')")
