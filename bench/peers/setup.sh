@@ -8,6 +8,14 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 DEEPSPEED_VERSION=0.19.8
 [ -x .venv/bin/python ] || scripts/setup.sh dscpp_cli
+# DeepSpeed's offload to nvme (bench/seed_tables.sh, table C) builds its async_io op against libaio
+if ! dpkg-query -W -f='${Status}' libaio-dev 2>/dev/null | grep -q "install ok installed"; then
+  echo "peers: installing libaio-dev (DeepSpeed's async_io, for its offload to nvme)"
+  SUDO=""
+  if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends libaio-dev >/dev/null
+fi
 if ! .venv/bin/python -c "import deepspeed, sys; sys.exit(deepspeed.__version__ != '$DEEPSPEED_VERSION')" 2>/dev/null; then
   echo "peers: installing deepspeed==$DEEPSPEED_VERSION into .venv"
   DS_BUILD_OPS=0 .venv/bin/pip install --quiet --disable-pip-version-check \

@@ -18,7 +18,10 @@ weights); DeepSpeed's own bf16 (bf16 model, fp32 master weights and optimizer st
 
 The data is dscpp's contract without shuffling (include/dscpp/data.h: sample j = tok[j*T : j*T+T+1]
 of a byte file, micro-step k of rank r of step s takes samples (s*B + (k*world + r)*b + i) mod n),
-the initial weights dscpp's (--init, written by `dscpp train --steps 0 --save_final`), attention
+the initial weights dscpp's (--init, written by `dscpp train --steps 0 --save_final`, read one
+tensor at a time; with it FSDP2 builds the model on the meta device and DeepSpeed's stage 3 under
+deepspeed.zero.Init, so no rank ever holds the whole model: how their users build one that does
+not fit), attention
 through F.scaled_dot_product_attention (DSCPP_GPT_ATTENTION, default sdpa here), one intra-op
 thread per rank. Start it with dscpp launch, whose RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT are what
 torch.distributed's env:// expects:
@@ -46,7 +49,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests",
                                 "golden"))
-from gpt_reference import GPT, st_load  # noqa: E402
+from gpt_reference import GPT, st_tensors  # noqa: E402
 
 SYSTEMS = ("ddp", "ddp_compile", "fsdp2", "deepspeed")
 
@@ -76,11 +79,31 @@ def adam_settings(cfg):
                 eps=p.get("eps", 1e-8), weight_decay=p.get("weight_decay", 0.0))
 
 
+def new_gpt(a):
+    return GPT(256, a.block_size, a.n_layer, a.n_head, a.n_embd)
+
+
+@torch.no_grad()
+def load_init(a, model, put):
+    """Puts --init's weights into model's parameters one tensor at a time, through
+    put(parameter, fp32 values): what a user does with a model that fills memory (the file is
+    never held whole)."""
+    params = dict(model.named_parameters())
+    seen = set()
+    for name, t in st_tensors(a.init):
+        if name not in params:
+            raise SystemExit("train_gpt.py: %s: %s is not a parameter of the GPT" % (a.init, name))
+        put(params[name], t.float())
+        seen.add(name)
+    if seen != set(params):
+        raise SystemExit("train_gpt.py: %s lacks %s" % (a.init, sorted(set(params) - seen)))
+
+
 def build_model(a):
-    model = GPT(256, a.block_size, a.n_layer, a.n_head, a.n_embd)
+    """The whole model on this rank (DDP's replicas; DeepSpeed's stages 0-2 before it shards)."""
+    model = new_gpt(a)
     if a.init:
-        tensors, _ = st_load(a.init)
-        model.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=True)
+        load_init(a, model, lambda p, t: p.copy_(t))
     return model
 
 
@@ -123,7 +146,14 @@ class Fsdp2(TorchStep):
     def __init__(self, a, cfg, bf16):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        model = build_model(a)
+        from torch.distributed.tensor import distribute_tensor
+        # With --init, as FSDP2's users build a model that does not fit one rank: on the meta
+        # device, sharded, then given memory and each rank's shard of the weights.
+        if a.init:
+            with torch.device("meta"):
+                model = new_gpt(a)
+        else:
+            model = build_model(a)
         mesh = init_device_mesh("cpu", (dist.get_world_size(),))
         kw = {"mesh": mesh}
         if bf16:
@@ -132,6 +162,10 @@ class Fsdp2(TorchStep):
         for block in model.h:
             fully_shard(block, **kw)
         fully_shard(model, **kw)
+        if a.init:
+            model.to_empty(device="cpu")
+            load_init(a, model, lambda p, t: p.to_local().copy_(
+                distribute_tensor(t, p.device_mesh, p.placements, src_data_rank=None).to_local()))
         self.model = model
         super().__init__(model.parameters(), cfg)
 
@@ -148,7 +182,22 @@ class DeepSpeed:
     def __init__(self, a, cfg, bf16):
         import deepspeed
         deepspeed.init_distributed(dist_backend="gloo")
-        self.engine, _, _, _ = deepspeed.initialize(model=build_model(a), config=cfg,
+        if cfg.get("zero_optimization", {}).get("stage", 0) == 3:
+            # As DeepSpeed's users build a model for ZeRO-3 (and its Hugging Face integration
+            # does): partitioned as it is constructed, each weight then set from rank 0's.
+            with deepspeed.zero.Init(config_dict_or_path=cfg):
+                model = new_gpt(a)
+            if a.init:
+                rank = dist.get_rank()
+
+                def put(p, t):
+                    with deepspeed.zero.GatheredParameters([p], modifier_rank=0):
+                        if rank == 0:
+                            p.copy_(t)
+                load_init(a, model, put)
+        else:
+            model = build_model(a)
+        self.engine, _, _, _ = deepspeed.initialize(model=model, config=cfg,
                                                     model_parameters=None)
 
     def micro_step(self, x, y, last, gas):

@@ -72,37 +72,49 @@ DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 def st_load(path):
     """Returns (OrderedDict name -> tensor, metadata dict). Validates offsets and sizes."""
-    with open(path, "rb") as f:
-        data = f.read()
-    if len(data) < 8:
-        raise UsageError("%s: too short for a safetensors file" % path)
-    (n,) = struct.unpack("<Q", data[:8])
-    if 8 + n > len(data):
-        raise UsageError("%s: header length %d does not fit" % (path, n))
-    header = json.loads(data[8:8 + n].decode("utf-8"), object_pairs_hook=collections.OrderedDict)
-    body = data[8 + n:]
-    metadata = header.pop("__metadata__", None) or {}
-    tensors = collections.OrderedDict()
-    covered = 0
-    for name, info in header.items():
-        dtype = DTYPES[info["dtype"]]
-        shape = [int(d) for d in info["shape"]]
-        begin, end = (int(o) for o in info["data_offsets"])
-        numel = 1
-        for d in shape:
-            numel *= d
-        item = torch.empty((), dtype=dtype).element_size()
-        if end - begin != numel * item or end > len(body):
-            raise UsageError("%s: tensor %s: bad data_offsets" % (path, name))
-        covered += end - begin
-        if numel == 0:
-            t = torch.empty(shape, dtype=dtype)
-        else:
-            t = torch.frombuffer(bytearray(body[begin:end]), dtype=dtype).reshape(shape).clone()
-        tensors[name] = t
-    if covered != len(body):
-        raise UsageError("%s: data section has %d bytes, tensors cover %d" % (path, len(body), covered))
+    metadata = {}
+    tensors = collections.OrderedDict(st_tensors(path, metadata))
     return tensors, metadata
+
+
+def st_tensors(path, metadata=None):
+    """Yields (name, tensor) in file order, reading one tensor's bytes at a time (a model larger
+    than half the memory can be loaded into its parameters one by one); fills `metadata` (a dict)
+    with the file's. Validates offsets and sizes."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(8)
+        if len(head) < 8:
+            raise UsageError("%s: too short for a safetensors file" % path)
+        (n,) = struct.unpack("<Q", head)
+        if 8 + n > size:
+            raise UsageError("%s: header length %d does not fit" % (path, n))
+        header = json.loads(f.read(n).decode("utf-8"), object_pairs_hook=collections.OrderedDict)
+        body = size - 8 - n
+        if metadata is not None:
+            metadata.update(header.pop("__metadata__", None) or {})
+        else:
+            header.pop("__metadata__", None)
+        covered = 0
+        for name, info in header.items():
+            dtype = DTYPES[info["dtype"]]
+            shape = [int(d) for d in info["shape"]]
+            begin, end = (int(o) for o in info["data_offsets"])
+            numel = 1
+            for d in shape:
+                numel *= d
+            item = torch.empty((), dtype=dtype).element_size()
+            if end - begin != numel * item or end > body:
+                raise UsageError("%s: tensor %s: bad data_offsets" % (path, name))
+            covered += end - begin
+            t = torch.empty(shape, dtype=dtype)
+            if numel:
+                f.seek(8 + n + begin)
+                if f.readinto(t.view(-1).view(torch.uint8).numpy()) != end - begin:
+                    raise UsageError("%s: tensor %s: the file ends early" % (path, name))
+            yield name, t
+        if covered != body:
+            raise UsageError("%s: data section has %d bytes, tensors cover %d" % (path, body, covered))
 
 
 def st_save(path, tensors, metadata=None):
