@@ -47,6 +47,11 @@ struct StepContext {
   // optimizer's own state is neither read nor written, and offset is not used. An optimizer
   // built for 0 elements holds no state of its own (what offload builds).
   std::vector<at::Tensor> state;
+  // Defined (an optimizer whose fuses_bf16() is true): bf16 mixed precision's parameters, bf16
+  // [params.numel()], contiguous, on params' device; the step also writes the updated params
+  // into it rounded to bf16 (to nearest even, as at::Tensor::to), in the update's own pass on
+  // the CPU, so the caller needs no cast pass of its own. grads may then be bf16 too.
+  at::Tensor bf16_params;
 };
 
 class Optimizer {
@@ -57,7 +62,8 @@ class Optimizer {
 
   // One update. params and grads [numel()] (or a piece, see StepContext::offset): contiguous,
   // same device as the state;
-  // fp32 (the fused CPU kernel; other floating dtypes take the ATen path). Updates params and
+  // fp32 (the fused CPU kernel; other floating dtypes take the ATen path; grads also bf16 when
+  // fuses_bf16()). Updates params and
   // the state in place; grads are only read. Throws dscpp::Error when the shapes, devices or
   // ctx are wrong (nothing is modified then).
   virtual void step(at::Tensor& params, const at::Tensor& grads, const StepContext& ctx) = 0;
@@ -70,6 +76,11 @@ class Optimizer {
   // Whether step() takes a piece of the buffer (StepContext::offset); false for Lamb, whose
   // trust ratios need whole parameters.
   virtual bool supports_pieces() const { return true; }
+
+  // Whether step() takes bf16 grads and StepContext::bf16_params (Adam, AdamW): under bf16 mixed
+  // precision the cast of the gradients to fp32 and of the updated master weights to bf16 then
+  // happen inside the update (NOTE [bf16 in the optimizer pass] in src/optim/kernels_impl.h).
+  virtual bool fuses_bf16() const { return false; }
 
   // The configured learning rate (what the first step runs at without a schedule).
   virtual double lr() const = 0;
@@ -98,6 +109,7 @@ class Adam : public Optimizer {
   Adam(const AdamParams& params, int64_t numel, at::TensorOptions options);
   const char* name() const override { return "Adam"; }
   void step(at::Tensor& params, const at::Tensor& grads, const StepContext& ctx) override;
+  bool fuses_bf16() const override { return true; }
   std::vector<std::pair<std::string, at::Tensor>> state() override;
   double lr() const override { return params_.lr; }
   std::optional<std::pair<double, double>> betas() const override;

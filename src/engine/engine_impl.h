@@ -122,8 +122,10 @@ class EngineImpl {
   // non-finite loss or gradient it drops the window's gradients and throws.
   void apply_step();
   // Runs the optimizer on this rank's part, a piece at a time (offload: sub-group by sub-group
-  // through the swap file, publishing the training-dtype parameters as it goes).
-  void run_optimizer(const Reduced& red, double unscale, double clip_coef, double lr);
+  // through the swap file, publishing the training-dtype parameters as it goes). True when the
+  // optimizer also wrote the bf16 parameters (NOTE [bf16 in the optimizer pass]): nothing is
+  // left to publish.
+  bool run_optimizer(const Reduced& red, double unscale, double clip_coef, double lr);
   // run_optimizer, then the updated weights cast into the parameters (mixed precision). When
   // swap files are involved, every rank learns whether that failed anywhere before publishing.
   void update_parameters(const Reduced& red, double unscale, double clip_coef, double lr);

@@ -390,7 +390,7 @@ void EngineImpl::apply_step() {
   start_profiler_if_due();
 }
 
-void EngineImpl::run_optimizer(const Reduced& red, double unscale, double coef, double lr) {
+bool EngineImpl::run_optimizer(const Reduced& red, double unscale, double coef, double lr) {
   // fp32 gradients: the gradients themselves in fp32; under mixed precision cast a piece at
   // a time, so the step never holds an fp32 copy of the whole (shard of the) gradient. The pieces
   // (and offload's sub-groups) are cast into one buffer kept across steps: a fresh allocation per
@@ -419,14 +419,21 @@ void EngineImpl::run_optimizer(const Reduced& red, double unscale, double coef, 
       if (multiplier != 1.0) g.mul_(multiplier);
     }
     client_optimizer_->step();
-    return;
+    return false;
   }
   optim::StepContext ctx;
   ctx.grad_scale = 1.0 / multiplier;
   ctx.lr = lr;
   ctx.step = global_steps_ + 1 - skipped_steps_;
   ctx.betas_override = lr_schedule_ ? lr_schedule_->get_betas() : std::nullopt;
-  if (swapper_) return run_offloaded_optimizer(red.parts, fp32_grads, ctx);
+  if (swapper_) {
+    run_offloaded_optimizer(red.parts, fp32_grads, ctx);
+    return false;
+  }
+  // bf16 gradients in, bf16 parameters out, in the update's pass (NOTE [bf16 in the optimizer
+  // pass]) when the optimizer can and every part's parameters are in memory.
+  bool fused = master_ && dtype_ == at::kBFloat16 && optimizer_->fuses_bf16();
+  for (const auto& part : red.parts) fused = fused && part.sink == nullptr;
   const int64_t total = strategy_->part_numel();
   const bool pieces = dtype_ != at::kFloat && optimizer_->supports_pieces();
   for (const auto& part : red.parts) {
@@ -437,9 +444,16 @@ void EngineImpl::run_optimizer(const Reduced& red, double unscale, double coef, 
       const int64_t len = std::min(piece, n - off);
       at::Tensor w = weights.narrow(0, off, len);
       if (len < total) ctx.offset = part.offset + off;
-      optimizer_->step(w, fp32_grads(part.grads.narrow(0, off, len)), ctx);
+      at::Tensor g = part.grads.narrow(0, off, len);
+      if (fused) {
+        ctx.bf16_params = part.params.narrow(0, off, len);
+        optimizer_->step(w, g, ctx);
+      } else {
+        optimizer_->step(w, fp32_grads(g), ctx);
+      }
     }
   }
+  return fused;
 }
 
 void EngineImpl::run_offloaded_optimizer(
@@ -474,8 +488,8 @@ void EngineImpl::update_parameters(const Reduced& red, double unscale, double co
   bool on_disk = swapper_ != nullptr;
   for (const auto& p : red.parts) on_disk = on_disk || p.sink;
   if (!on_disk) {
-    run_optimizer(red, unscale, coef, lr);
-    if (master_) master_->publish(red.parts);
+    const bool published = run_optimizer(red, unscale, coef, lr);
+    if (master_ && !published) master_->publish(red.parts);
     return;
   }
   std::exception_ptr error;

@@ -48,10 +48,17 @@ void Adam::step(at::Tensor& params, const at::Tensor& grads, const StepContext& 
   }
   const bool adamw = params_.adam_w_mode;
 
-  if (const auto path = detail::fused_path(params, grads, {exp_avg, exp_avg_sq})) {
+  if (const auto path =
+          detail::fused_path(params, grads, {exp_avg, exp_avg_sq}, /*bf16_grads=*/true)) {
     kernels::AdamArgs a{};
     a.p = params.data_ptr<float>();
-    a.g = grads.data_ptr<float>();
+    if (grads.scalar_type() == at::kBFloat16) {
+      a.g_bf16 = reinterpret_cast<const uint16_t*>(grads.const_data_ptr());
+    } else {
+      a.g = grads.data_ptr<float>();
+    }
+    if (ctx.bf16_params.defined())
+      a.p_bf16 = reinterpret_cast<uint16_t*>(ctx.bf16_params.data_ptr());
     a.m = exp_avg.data_ptr<float>();
     a.v = exp_avg_sq.data_ptr<float>();
     a.beta1 = static_cast<float>(beta1);
@@ -78,6 +85,7 @@ void Adam::step(at::Tensor& params, const at::Tensor& grads, const StepContext& 
   at::Tensor denom = exp_avg_sq.sqrt().mul_(inv_sqrt_bc2).add_(eps);
   if (adamw && wd != 0.0) params.mul_(1.0 - lr * wd);
   params.addcdiv_(exp_avg, denom, -step_size);
+  if (ctx.bf16_params.defined()) ctx.bf16_params.copy_(params);
 }
 
 }  // namespace dscpp::optim

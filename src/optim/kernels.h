@@ -13,11 +13,15 @@ namespace dscpp::optim::kernels {
 // Adam / AdamW. Per element (g = grad * inv_scale):
 //   g += l2 * p;  m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g;
 //   p = p*decay - step_size * m / (sqrt(v)*inv_sqrt_bc2 + eps)
+// Under bf16 mixed precision the gradients may be read as bf16 (g_bf16 instead of g), and the
+// updated p written also as bf16 (p_bf16), in the same pass (NOTE [bf16 in the optimizer pass]).
 struct AdamArgs {
-  float* p;        // [n] parameters, updated
-  const float* g;  // [n] gradients
-  float* m;        // [n] exp_avg, updated
-  float* v;        // [n] exp_avg_sq, updated
+  float* p;                          // [n] parameters, updated
+  const float* g;                    // [n] gradients (unused when g_bf16 is set)
+  const uint16_t* g_bf16 = nullptr;  // [n] bf16 gradients (bit patterns), or nullptr
+  uint16_t* p_bf16 = nullptr;        // [n] receives p rounded to bf16, or nullptr
+  float* m;                          // [n] exp_avg, updated
+  float* v;                          // [n] exp_avg_sq, updated
   float beta1, one_minus_beta1, beta2, one_minus_beta2;
   float eps;
   float step_size;     // lr / (1 - beta1^t), or lr without bias correction

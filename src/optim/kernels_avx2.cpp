@@ -28,6 +28,21 @@ struct Vec {
   static T fmadd(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
   static T fnmadd(T a, T b, T c) { return _mm256_fnmadd_ps(a, b, c); }
   static T sqrt(T a) { return _mm256_sqrt_ps(a); }
+  static T load_bf16(const uint16_t* p) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+  static void store_bf16(uint16_t* p, T x) {  // Scalar::store_bf16 on 8 lanes
+    const __m256i bits = _mm256_castps_si256(x);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(
+        _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), nan);
+    // 8 x 32 -> 8 x 16: packus works within 128-bit lanes; gather lanes' low halves first.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xD8);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+  }
   static T sign(T a) {
     const T zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
     const T pos = _mm256_and_ps(_mm256_cmp_ps(a, zero, _CMP_GT_OQ), one);

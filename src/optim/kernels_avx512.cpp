@@ -10,6 +10,7 @@
 
 namespace dscpp::optim::kernels {
 namespace {
+#include "optim/bf16_avx512.h"
 #include "optim/kernels_scalar_ops.h"
 
 struct Vec {
@@ -28,6 +29,8 @@ struct Vec {
   static T fmadd(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
   static T fnmadd(T a, T b, T c) { return _mm512_fnmadd_ps(a, b, c); }
   static T sqrt(T a) { return _mm512_sqrt_ps(a); }
+  static T load_bf16(const uint16_t* p) { return bf16x16_load(p); }
+  static void store_bf16(uint16_t* p, T x) { bf16x16_store(p, x); }
   static T sign(T a) {
     const T zero = _mm512_setzero_ps();
     const __mmask16 pos = _mm512_cmp_ps_mask(a, zero, _CMP_GT_OQ);

@@ -24,8 +24,14 @@
   } while (0)
 
 // ----- Adam -----------------------------------------------------------------------------------
-template <class V>
-void adam_range(const AdamArgs& a, int64_t begin, int64_t end) {
+// NOTE [bf16 in the optimizer pass]: under bf16 mixed precision the step used to be three passes
+// over the part: cast the bf16 gradients into an fp32 scratch, update the fp32 master weights,
+// cast them into the bf16 parameters. Reading the bf16 gradients and writing the rounded
+// parameters inside the update's own loop (DeepSpeed's CPU Adam does the same for its fp16
+// parameters) leaves one pass and the same bits: widening bf16 is exact, and store_bf16 rounds
+// as at::Tensor::to does.
+template <class V, bool kGradBf16, bool kParamsBf16>
+void adam_loop(const AdamArgs& a, int64_t begin, int64_t end) {
   using T = typename V::T;
   const T b1 = V::set1(a.beta1), omb1 = V::set1(a.one_minus_beta1);
   const T b2 = V::set1(a.beta2), omb2 = V::set1(a.one_minus_beta2);
@@ -34,7 +40,7 @@ void adam_range(const AdamArgs& a, int64_t begin, int64_t end) {
   const T decay = V::set1(a.decay), inv_scale = V::set1(a.inv_scale);
   for (int64_t i = begin; i < end; i += V::kWidth) {
     T p = V::load(a.p + i);
-    T g = V::mul(V::load(a.g + i), inv_scale);
+    T g = V::mul(kGradBf16 ? V::load_bf16(a.g_bf16 + i) : V::load(a.g + i), inv_scale);
     g = V::fmadd(l2, p, g);
     const T m = V::fmadd(b1, V::load(a.m + i), V::mul(omb1, g));
     const T v = V::fmadd(b2, V::load(a.v + i), V::mul(omb2, V::mul(g, g)));
@@ -43,7 +49,17 @@ void adam_range(const AdamArgs& a, int64_t begin, int64_t end) {
     V::store(a.m + i, m);
     V::store(a.v + i, v);
     V::store(a.p + i, p);
+    if constexpr (kParamsBf16) V::store_bf16(a.p_bf16 + i, p);
   }
+}
+
+template <class V>
+void adam_range(const AdamArgs& a, int64_t begin, int64_t end) {
+  const bool g16 = a.g_bf16 != nullptr, p16 = a.p_bf16 != nullptr;
+  if (g16 && p16) return adam_loop<V, true, true>(a, begin, end);
+  if (g16) return adam_loop<V, true, false>(a, begin, end);
+  if (p16) return adam_loop<V, false, true>(a, begin, end);
+  adam_loop<V, false, false>(a, begin, end);
 }
 
 void adam(const AdamArgs& a, int64_t begin, int64_t end) {

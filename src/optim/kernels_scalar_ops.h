@@ -28,6 +28,20 @@ struct Scalar {
   static T fnmadd(T a, T b, T c) { return c - a * b; }
 #endif
   static T sqrt(T a) { return __builtin_sqrtf(a); }
+  // bf16 <-> fp32 (NOTE [bf16 in the optimizer pass]): widening is exact; narrowing rounds to
+  // nearest even, and a NaN becomes the quiet NaN 0x7FC0, as c10::BFloat16 does.
+  static T load_bf16(const uint16_t* p) {
+    const uint32_t bits = static_cast<uint32_t>(*p) << 16;
+    float x;
+    __builtin_memcpy(&x, &bits, sizeof x);
+    return x;
+  }
+  static void store_bf16(uint16_t* p, T x) {
+    uint32_t bits;
+    __builtin_memcpy(&bits, &x, sizeof bits);
+    *p = x != x ? uint16_t{0x7FC0}
+                : static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+  }
   static T sign(T a) { return a > 0.0f ? 1.0f : (a < 0.0f ? -1.0f : 0.0f); }
   static Acc acc_zero() { return Acc{}; }
   static void acc_sq(Acc& acc, T x) { acc.s += static_cast<double>(x) * static_cast<double>(x); }

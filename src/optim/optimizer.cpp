@@ -44,6 +44,16 @@ void Optimizer::check_step_args(const at::Tensor& params, const at::Tensor& grad
               grads.scalar_type(), ") must be floating point");
   DSCPP_CHECK(params.device() == grads.device(), Error, name(), ".step: params on ",
               params.device(), " but grads on ", grads.device());
+  if (const at::Tensor& out = ctx.bf16_params; out.defined()) {
+    DSCPP_CHECK(fuses_bf16(), Error, name(),
+                ".step: StepContext::bf16_params is set, but this optimizer does not write it "
+                "(fuses_bf16() is false). HINT: cast the updated parameters yourself");
+    DSCPP_CHECK(out.scalar_type() == at::kBFloat16 && out.numel() == params.numel() &&
+                    out.is_contiguous() && out.device() == params.device(),
+                Error, name(), ".step: StepContext::bf16_params must be contiguous bf16 [",
+                params.numel(), "] on ", params.device(), ", got ", out.scalar_type(), " ",
+                out.sizes(), " on ", out.device());
+  }
   if (any_state.defined() && ctx.state.empty()) {
     DSCPP_CHECK(params.device() == any_state.device(), Error, name(), ".step: params on ",
                 params.device(), " but the optimizer state on ", any_state.device(),
@@ -60,11 +70,13 @@ void Optimizer::check_step_args(const at::Tensor& params, const at::Tensor& grad
 namespace detail {
 
 std::optional<KernelPath> fused_path(const at::Tensor& params, const at::Tensor& grads,
-                                     std::initializer_list<at::Tensor> state) {
-  auto cpu_fp32 = [](const at::Tensor& t) {
-    return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous();
+                                     std::initializer_list<at::Tensor> state, bool bf16_grads) {
+  auto cpu_of = [](const at::Tensor& t, at::ScalarType dtype) {
+    return t.device().is_cpu() && t.scalar_type() == dtype && t.is_contiguous();
   };
-  if (!cpu_fp32(params) || !cpu_fp32(grads)) return std::nullopt;
+  auto cpu_fp32 = [&](const at::Tensor& t) { return cpu_of(t, at::kFloat); };
+  if (!cpu_fp32(params)) return std::nullopt;
+  if (!cpu_fp32(grads) && !(bf16_grads && cpu_of(grads, at::kBFloat16))) return std::nullopt;
   for (const at::Tensor& s : state) {
     if (s.defined() && !cpu_fp32(s)) return std::nullopt;
   }

@@ -14,10 +14,12 @@
 
 namespace dscpp::optim::detail {
 
-// The SIMD path when params, grads and every defined state tensor are CPU fp32 and the active
-// path is not kTorch; nullopt: run the ATen path.
+// The SIMD path when params, grads and every defined state tensor are contiguous CPU fp32 (grads
+// also bf16 when `bf16_grads`: a kernel that widens them itself) and the active path is not
+// kTorch; nullopt: run the ATen path.
 std::optional<KernelPath> fused_path(const at::Tensor& params, const at::Tensor& grads,
-                                     std::initializer_list<at::Tensor> state);
+                                     std::initializer_list<at::Tensor> state,
+                                     bool bf16_grads = false);
 
 // grads * (1/grad_scale) in the dtype of `like` (grads itself when neither scaling nor casting
 // is needed; never modified in place).

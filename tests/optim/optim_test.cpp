@@ -238,6 +238,77 @@ TEST(OptimAdam, AdamWForcesDecoupledWeightDecay) {
   EXPECT_STREQ(w.name(), "AdamW");
 }
 
+// bf16 mixed precision's step in one pass (NOTE [bf16 in the optimizer pass]): bf16 gradients
+// read and bf16 parameters written by the update give the bits of the three passes they replace
+// (widen the gradients, update, round the parameters with at::Tensor::to), on every path and
+// length, including values that round up, down and to even and a non-finite update.
+TEST(OptimAdam, Bf16GradientsInAndParametersOutGiveTheCastsBits) {
+  for (KernelPath path : paths()) {
+    ScopedKernelPath force(path);
+    for (int64_t n : kSizes) {
+      SCOPED_TRACE(label(path, n));
+      AdamParams ap;
+      ap.lr = 1e-2;
+      ap.weight_decay = 0.05;
+      Adam fused(ap, n, at::kFloat), casts(ap, n, at::kFloat);
+      at::Tensor p_fused = make_params(n, 5 + n), p_casts = p_fused.clone();
+      at::Tensor p16 = at::empty({n}, at::kBFloat16);
+      for (int t = 1; t <= kSteps; ++t) {
+        const at::Tensor g16 = (make_grad(n, t, 5 + n) * 1024.0).to(at::kBFloat16);
+        StepContext ctx;
+        ctx.lr = step_lr(ap.lr, t);
+        ctx.step = t;
+        ctx.grad_scale = 1024.0;
+        casts.step(p_casts, g16.to(at::kFloat), ctx);
+        ctx.bf16_params = p16;
+        fused.step(p_fused, g16, ctx);
+        ASSERT_TRUE(at::equal(p_fused, p_casts)) << "step " << t;
+        ASSERT_TRUE(at::equal(p16, p_casts.to(at::kBFloat16))) << "step " << t;
+      }
+      EXPECT_TRUE(at::equal(fused.state()[0].second, casts.state()[0].second));
+      EXPECT_TRUE(at::equal(fused.state()[1].second, casts.state()[1].second));
+    }
+    // Rounding: exact ties to even (1 + 2^-8 down, 1 + 3 * 2^-8 up), just above a tie, the
+    // largest finite float (to +inf, as c10 rounds) and NaN (to bf16's NaN). lr 0 and no decay
+    // keep the parameters as they are, so the update writes these values.
+    const std::vector<float> v = {1.0f + 0x1p-8f,             // a tie, rounds down to even (1)
+                                  1.0f + 3 * 0x1p-8f,         // a tie, rounds up to even (1 + 2^-6)
+                                  1.0f + 0x1p-8f + 0x1p-20f,  // above a tie: up
+                                  -2.5f,
+                                  3.4028235e38f,
+                                  std::nanf("")};
+    std::vector<float> row;
+    for (int i = 0; i < 3; ++i) row.insert(row.end(), v.begin(), v.end());  // 18: SIMD and tail
+    at::Tensor p = at::tensor(row);
+    const int64_t n = p.numel();
+    Adam adam(AdamParams{}, n, at::kFloat);
+    StepContext ctx;
+    ctx.lr = 0.0;
+    ctx.bf16_params = at::empty({n}, at::kBFloat16);
+    adam.step(p, at::zeros({n}, at::kBFloat16), ctx);
+    const at::Tensor want = p.to(at::kBFloat16), got = ctx.bf16_params;
+    const at::Tensor finite = at::isfinite(p);
+    EXPECT_TRUE(at::equal(got.masked_select(finite), want.masked_select(finite)))
+        << to_string(path);
+    EXPECT_TRUE(at::isnan(got).equal(at::isnan(p))) << to_string(path);
+    EXPECT_TRUE(at::isinf(got).equal(at::isinf(want))) << to_string(path);
+  }
+  // Only an optimizer that writes it may be handed bf16_params.
+  SgdParams sp;
+  SGD sgd(sp, 4, at::kFloat);
+  at::Tensor p = at::ones({4});
+  StepContext ctx;
+  ctx.lr = 0.1;
+  ctx.bf16_params = at::empty({4}, at::kBFloat16);
+  EXPECT_THROW(sgd.step(p, at::ones({4}), ctx), Error);
+  Adam adam(AdamParams{}, 4, at::kFloat);
+  ctx.bf16_params = at::empty({4}, at::kFloat);
+  EXPECT_THROW(adam.step(p, at::ones({4}), ctx), Error);
+  ctx.bf16_params = at::empty({3}, at::kBFloat16);
+  EXPECT_THROW(adam.step(p, at::ones({4}), ctx), Error);
+  EXPECT_TRUE(at::equal(p, at::ones({4})));
+}
+
 // ----- SGD vs torch::optim::SGD ---------------------------------------------------------------
 struct SgdCase {
   double momentum, dampening, weight_decay;

@@ -12,25 +12,15 @@
 namespace dscpp::models::kernels {
 namespace {
 #include "models/kernels/scalar_ops.h"
+#include "optim/bf16_avx512.h"
 
 struct Vec {
   static constexpr int64_t kWidth = 16;
   using T = __m512;
   static T load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, T x) { _mm512_storeu_ps(p, x); }
-  static T load_bf16(const uint16_t* p) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  }
-  static void store_bf16(uint16_t* p, T x) {
-    const __m512i u = _mm512_castps_si512(x);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    const __m512i bias = _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
-    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7fc0));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
-  }
+  static T load_bf16(const uint16_t* p) { return bf16x16_load(p); }
+  static void store_bf16(uint16_t* p, T x) { bf16x16_store(p, x); }
   static T set1(float x) { return _mm512_set1_ps(x); }
   static T zero() { return _mm512_setzero_ps(); }
   static T add(T a, T b) { return _mm512_add_ps(a, b); }

@@ -1,8 +1,8 @@
 // The one-float-at-a-time member of the GPT kernels' vector interface (see kernels_impl.h): the
 // tail of every AVX-512 loop and the whole of the scalar table. It extends the optimizer kernels'
-// Scalar (fp32 load/store, set1, add, sub, mul, div, fmadd/fnmadd rounded as the vector lanes
-// are, sqrt) with what the GPT's kernels need. Include only inside an anonymous namespace of a
-// kernels_<isa>.cpp, before kernels_impl.h; it includes nothing else itself.
+// Scalar (fp32 and bf16 load/store, set1, add, sub, mul, div, fmadd/fnmadd rounded as the
+// vector lanes are, sqrt) with what the GPT's kernels need. Include only inside an anonymous
+// namespace of a kernels_<isa>.cpp, before kernels_impl.h; it includes nothing else itself.
 
 namespace optim_ops {
 #include "optim/kernels_scalar_ops.h"
@@ -10,23 +10,6 @@ namespace optim_ops {
 
 struct Scalar : optim_ops::Scalar {
   using T = float;
-  static T load_bf16(const uint16_t* p) {
-    const uint32_t u = static_cast<uint32_t>(*p) << 16;
-    float x;
-    __builtin_memcpy(&x, &u, sizeof x);
-    return x;
-  }
-  // Round to nearest even, NaN to the quiet NaN 0x7fc0: c10::BFloat16's rounding.
-  static void store_bf16(uint16_t* p, T x) {
-    if (x != x) {
-      *p = 0x7fc0;
-      return;
-    }
-    uint32_t u;
-    __builtin_memcpy(&u, &x, sizeof u);
-    u += ((u >> 16) & 1u) + 0x7fffu;
-    *p = static_cast<uint16_t>(u >> 16);
-  }
   static T zero() { return 0.0f; }
   static T reciprocal(T a) { return 1.0f / a; }
   // a > b ? a : b and a < b ? a : b: the second operand when either is NaN, as MAXPS/MINPS.
