@@ -68,6 +68,7 @@ SlotReducer::SlotReducer(std::vector<at::Tensor> params, std::vector<std::string
   for (const auto& g : groups_) shard_total += g.shard;
   grad_shard_ = at::zeros({shard_total}, buffer_options_);
   for (auto& p : params_) p.mutable_grad() = at::Tensor();
+  stale_.assign(params_.size(), 0);
   if (resident_group_ == 0) {
     // The resident group is group 0, first in the flat space: its parameters are the first ones.
     std::vector<at::Tensor> rp;
@@ -122,8 +123,15 @@ void SlotReducer::on_arriving_locked(int, Bucket& b) {
 
 bool SlotReducer::take_gradient_locked(int param, const at::Tensor& grad) {
   // The resident group's parameters are the first ones, in the same order in its buffer.
-  return resident_ && param_group_[param] == resident_group_ &&
-         resident_->take(param, grad);
+  if (resident_ && param_group_[param] == resident_group_) return resident_->take(param, grad);
+  const Bucket& b = buckets_[bucket_of_param_[param]];
+  if (b.slot < 0 || !stale_[param]) return false;  // kept by autograd, or accumulated into
+  at::NoGradGuard no_grad;
+  at::Tensor view = slot_view(b, param);
+  view.copy_(grad);
+  stale_[param] = 0;
+  params_[param].mutable_grad() = view;
+  return true;
 }
 
 void SlotReducer::on_bucket_complete_locked(Bucket& b) {
@@ -152,12 +160,21 @@ void SlotReducer::attach_locked(Bucket& b, int slot) {
   slot_bucket_[slot] = static_cast<int>(&b - buckets_.data());
   b.slot = slot;
   if (!staging_[slot].defined()) staging_[slot] = at::empty({b.numel}, buffer_options_);
-  at::Tensor region = staging_[slot].narrow(0, 0, b.numel);
-  copy_kept_gradients(b, region);
+  at::NoGradGuard no_grad;
   for (int p : b.params) {
-    auto [off, n] = segments_[p];
-    params_[p].mutable_grad() = region.narrow(0, off - b.offset, n).view(params_[p].sizes());
+    const at::Tensor& kept = params_[p].grad();
+    stale_[p] = !kept.defined();
+    if (stale_[p]) continue;
+    at::Tensor view = slot_view(b, p);
+    view.copy_(kept);
+    ++kept_gradients_;
+    params_[p].mutable_grad() = view;
   }
+}
+
+at::Tensor SlotReducer::slot_view(const Bucket& b, int p) const {
+  auto [off, n] = segments_[p];
+  return staging_[b.slot].narrow(0, off - b.offset, n).view(params_[p].sizes());
 }
 
 void SlotReducer::copy_kept_gradients(const Bucket& b, const at::Tensor& dst) {
@@ -184,6 +201,10 @@ void SlotReducer::launch_locked(Bucket& b) {
     for (int p : b.params) resident_->settle(p);
     staging = resident_->grads().narrow(0, b.offset - groups_[b.group].base, b.numel);
   } else if (b.slot >= 0) {
+    for (int p : b.params) {  // no gradient in this backward: zeros
+      if (stale_[p]) slot_view(b, p).zero_();
+      stale_[p] = 0;
+    }
     staging = staging_[b.slot].narrow(0, 0, b.numel);
   } else {
     staging = at::empty({b.numel}, buffer_options_);

@@ -12,13 +12,15 @@
 // the micro-steps, and the slot is free for a later bucket. Every backward reduces.
 //
 // NOTE [stage 2 slots]: just before a bucket's first gradient is accumulated (a pre-hook on the
-// parameter's gradient accumulator), the bucket gets a zeroed staging slot and its parameters'
-// .grad become views into it, so autograd adds each gradient into the slot in place and frees
-// its own result at once, exactly as at stages 0-1. Letting autograd keep the gradients it
-// allocates until the bucket is complete (and copying them then) made each backward allocate up
-// to a model's worth of fresh memory that the allocator had given back to the OS after the
-// previous step: on the 150M GPT page faults took 40% of stage 2's step (docs/zero.md). There is
-// one slot, or two with overlap_comm. When every slot is busy, the arriving gradient waits for
+// parameter's gradient accumulator), the bucket gets a staging slot; each parameter's first
+// gradient of the backward is copied into its place in the slot (not added to zeros: NOTE
+// [first gradient is written] in grad_buffer.h), which becomes its .grad, so autograd adds any
+// further gradient into the slot in place and frees its own result at once, exactly as at
+// stages 0-1; a place with no gradient by launch is zeroed then. Letting autograd keep the
+// gradients it allocates until the bucket is complete (and copying them then) made each backward
+// allocate up to a model's worth of fresh memory that the allocator had given back to the OS after
+// the previous step: on the 150M GPT page faults took 40% of stage 2's step (docs/zero.md). There
+// is one slot, or two with overlap_comm. When every slot is busy, the arriving gradient waits for
 // the oldest reduction to finish and take its slot (so without overlap_comm a bucket's reduction
 // runs while backward computes up to the next bucket's first gradient, and no further). Only
 // when every slot serves a bucket that is still accumulating (gradients arriving out of bucket
@@ -116,9 +118,13 @@ class SlotReducer final : public GradReducer {
   // Gives `b` a free slot, waiting for the oldest reduction to free one when all are busy;
   // leaves b.slot at -1 when every slot serves a bucket that is still accumulating.
   void acquire_slot_locked(Bucket& b);
-  // Points b's parameters' .grad at their place in `slot`, which first takes the gradients
-  // autograd kept for them (zeros for the others).
+  // Gives b `slot`: the gradients autograd kept for b's parameters are copied into their places
+  // (now their .grad); the other places are stale until the first gradient is copied in
+  // (take_gradient_locked) or, with none in this backward, zeroed at launch (NOTE [first
+  // gradient is written] in grad_buffer.h, for the slots).
   void attach_locked(Bucket& b, int slot);
+  // Parameter p's place in its bucket's slot, in p's shape.
+  at::Tensor slot_view(const Bucket& b, int p) const;
   void copy_kept_gradients(const Bucket& b, const at::Tensor& dst);
 
   at::Tensor grad_shard_;
@@ -128,6 +134,7 @@ class SlotReducer final : public GradReducer {
   std::vector<int> slot_bucket_;
   int64_t largest_bucket_ = 0;
   int64_t kept_gradients_ = 0;
+  std::vector<char> stale_;  // per parameter: its place in an attached slot awaits its gradient
   int resident_group_ = -1;
   std::unique_ptr<FullGradBuffer> resident_;  // the resident group's gradients this backward
   std::function<void(int)> on_group_complete_;

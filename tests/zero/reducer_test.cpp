@@ -183,5 +183,44 @@ TEST(ZeroReducer, FirstGradientOfAWindowIsWrittenLaterOnesAccumulate) {
   for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
 }
 
+// The same at stage 2 (NOTE [stage 2 slots]): each backward's first gradient of a parameter is
+// copied into its place in a reused slot, and a parameter without one (the branch, in the second
+// micro-step) is reduced as zeros, not as what the slot held from an earlier bucket; the shard
+// sums the micro-steps as plain autograd does.
+TEST(ZeroReducer, Stage2SlotsTakeTheFirstGradientAndZeroAnUnusedPlace) {
+  auto errors = run_thread_ranks(1, [&](Communicator& c) {
+    Net net = make_net(1), twin = make_net(1);
+    zero::NamedParams np = zero::trainable_parameters(*twin);
+    const auto segments = zero::FlatLayout::of(np.params, 1).segments;
+    zero::ReduceOptions o;
+    o.reduce_bucket_size = 1;  // a bucket per parameter, all through the one slot
+    auto reducer_ptr = make_reducer(*net, c, 2, o);
+    auto& reducer = dynamic_cast<zero::SlotReducer&>(*reducer_ptr);
+    auto micro = [&](Net& m, int64_t from, bool branch) {
+      return at::mse_loss(m->forward(dataset_x().narrow(0, from, 2), branch),
+                          dataset_y().narrow(0, from, 2));
+    };
+    for (int window = 0; window < 2; ++window) {
+      reducer.zero_grads();
+      twin->zero_grad();
+      for (bool branch : {true, false}) {
+        at::Tensor loss = micro(net, 4 * window + (branch ? 0 : 2), branch);
+        reducer.prepare_backward(true, loss);
+        loss.backward();
+        reducer.finish_backward();
+        micro(twin, 4 * window + (branch ? 0 : 2), branch).backward();
+      }
+      EXPECT_EQ(reducer.kept_gradients(), 0);
+      for (size_t i = 0; i < np.params.size(); ++i) {
+        const auto [off, n] = segments[i];
+        EXPECT_TRUE(at::allclose(reducer.grad_shard().narrow(0, off, n),
+                                 np.params[i].grad().reshape({-1}), 1e-6, 1e-7))
+            << "window " << window << " " << np.names[i];
+      }
+    }
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+}
+
 }  // namespace
 }  // namespace dscpp
