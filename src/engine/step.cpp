@@ -10,6 +10,7 @@
 
 #include "dscpp/error.h"
 #include "engine/engine_impl.h"
+#include "optim/dispatch.h"
 #include "util/fault_inject.h"
 #include "util/log.h"
 #include "util/memory.h"
@@ -61,6 +62,9 @@ std::vector<at::Tensor> adjacent_runs(const std::vector<zero::Part>& parts) {
 }
 
 double sq_norm(const at::Tensor& t) {
+  // On the CPU the optimizer kernels read the gradients as they are; a widened fp64 copy of each
+  // chunk cost more than the sum (bf16, benchmark GPT: 12 ms of a 260 ms step).
+  if (const auto s = optim::sum_squares(t)) return *s;
   constexpr int64_t kChunk = 1 << 20;
   at::Tensor total = at::zeros({}, t.options().dtype(at::kDouble));
   for (int64_t i = 0; i < t.numel(); i += kChunk) {

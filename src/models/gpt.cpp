@@ -65,6 +65,14 @@ at::Tensor layer_norm(torch::nn::LayerNormImpl& ln, const at::Tensor& x) {
       .to(dtype);
 }
 
+// x @ weight^T + bias through at::linear, as PyTorch's F.linear: for [B, T, C] input it adds the
+// bias inside the matmul (addmm), where libtorch's C++ torch::nn::Linear::forward (its own
+// functional::linear) runs the matmul and then a pass of its own for the bias, 5% of a bf16 step
+// of the benchmark GPT.
+at::Tensor linear(const torch::nn::LinearImpl& l, const at::Tensor& x) {
+  return at::linear(x, l.weight, l.bias);
+}
+
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -141,7 +149,7 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(int64_t n_embd, int64_t n_head)
 
 at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   const int64_t b = x.size(0), t = x.size(1), c = n_embd_, hs = n_embd_ / n_head_;
-  auto qkv = c_attn->forward(x).split(c, /*dim=*/2);          // 3 x [B, T, C]
+  auto qkv = linear(*c_attn, x).split(c, /*dim=*/2);          // 3 x [B, T, C]
   auto q = qkv[0].view({b, t, n_head_, hs}).transpose(1, 2);  // [B, nh, T, hs]
   auto k = qkv[1].view({b, t, n_head_, hs}).transpose(1, 2);  // [B, nh, T, hs]
   auto v = qkv[2].view({b, t, n_head_, hs}).transpose(1, 2);  // [B, nh, T, hs]
@@ -162,14 +170,13 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
     } else {
       att.mul_(scale);
       // [T, T]: -inf above the diagonal (position i may not attend to j > i), 0 elsewhere.
-      att.add_(
-          at::full({t, t}, -std::numeric_limits<double>::infinity(), att.options()).triu(1));
+      att.add_(at::full({t, t}, -std::numeric_limits<double>::infinity(), att.options()).triu(1));
       att = at::softmax(att, -1);  // [B, nh, T, T]
     }
     y = at::matmul(att, v);  // [B, nh, T, hs]
   }
   y = y.transpose(1, 2).contiguous().view({b, t, c});  // [B, T, C]
-  return c_proj->forward(y);
+  return linear(*c_proj, y);
 }
 
 MLPImpl::MLPImpl(int64_t n_embd) {
@@ -178,8 +185,8 @@ MLPImpl::MLPImpl(int64_t n_embd) {
 }
 
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
-  const at::Tensor h = c_fc->forward(x);
-  return c_proj->forward(use_fused_kernels(h) ? fused_gelu(h) : at::gelu(h, "none"));  // erf GELU
+  const at::Tensor h = linear(*c_fc, x);
+  return linear(*c_proj, use_fused_kernels(h) ? fused_gelu(h) : at::gelu(h, "none"));  // erf GELU
 }
 
 BlockImpl::BlockImpl(int64_t n_embd, int64_t n_head) {

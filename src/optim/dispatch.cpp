@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "dscpp/error.h"
 #include "util/log.h"
@@ -131,6 +132,31 @@ void parallel_elements(int64_t n, const std::function<void(int64_t, int64_t)>& f
 void parallel_items(int64_t count, const std::function<void(int64_t, int64_t)>& fn) {
   if (count <= 0) return;
   at::parallel_for(0, count, 1, fn);
+}
+
+std::optional<double> sum_squares(const at::Tensor& t) {
+  const bool bf16 = t.scalar_type() == at::kBFloat16;
+  if (!t.device().is_cpu() || !t.is_contiguous() || !(bf16 || t.scalar_type() == at::kFloat))
+    return std::nullopt;
+  const KernelPath path = active_kernel_path();
+  if (path == KernelPath::kTorch) return std::nullopt;
+  kernels::SumSqArgs a;
+  if (bf16) {
+    a.x16 = reinterpret_cast<const uint16_t*>(t.const_data_ptr());
+  } else {
+    a.x32 = t.const_data_ptr<float>();
+  }
+  const kernels::SumSqFn fn = kernel_table(path).sum_sq;
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  const int64_t n = t.numel(), chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
+  parallel_items(chunks, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c)
+      partial[static_cast<size_t>(c)] = fn(a, c * kChunk, std::min(n, (c + 1) * kChunk));
+  });
+  double total = 0.0;
+  for (double p : partial) total += p;
+  return total;
 }
 
 }  // namespace dscpp::optim

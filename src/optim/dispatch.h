@@ -14,6 +14,8 @@
 // depend on the thread count), grain 32K elements, threads as at::get_num_threads().
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -65,5 +67,12 @@ const kernels::Table& kernel_table(KernelPath path);
 void parallel_elements(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
 // Runs fn(begin, end) over [0, count) items in parallel (grain 1 item). fn must not throw.
 void parallel_items(int64_t count, const std::function<void(int64_t, int64_t)>& fn);
+
+// The sum of t's squares in fp64 through the kernel table's sum_sq, reading fp32 or bf16 as it
+// is (the gradient norm, without a widened copy of the gradients); nullopt unless t is a
+// contiguous fp32 or bf16 CPU tensor and the active path is not kTorch (the caller then sums
+// with ATen ops). Chunks of 2^20 elements are summed in order: the same bits for any number of
+// threads.
+std::optional<double> sum_squares(const at::Tensor& t);
 
 }  // namespace dscpp::optim

@@ -76,12 +76,20 @@ struct SumSq {
   double u2 = 0.0;  // sum of update^2
 };
 
+// The sum of x^2 over [begin, end), accumulated in fp64 lanes: the gradient norm's, read from the
+// gradients as they are (fp32 x32, or bf16 bit patterns x16), with no widened copy.
+struct SumSqArgs {
+  const float* x32 = nullptr;
+  const uint16_t* x16 = nullptr;
+};
+
 using AdamFn = void (*)(const AdamArgs&, int64_t begin, int64_t end);
 using SgdFn = void (*)(const SgdArgs&, int64_t begin, int64_t end);
 using AdagradFn = void (*)(const AdagradArgs&, int64_t begin, int64_t end);
 using LionFn = void (*)(const LionArgs&, int64_t begin, int64_t end);
 using LambNormsFn = SumSq (*)(const LambArgs&, int64_t begin, int64_t end);
 using LambApplyFn = void (*)(const LambArgs&, float step, int64_t begin, int64_t end);
+using SumSqFn = double (*)(const SumSqArgs&, int64_t begin, int64_t end);
 
 struct Table {
   const char* name;
@@ -91,6 +99,7 @@ struct Table {
   LionFn lion;
   LambNormsFn lamb_norms;
   LambApplyFn lamb_apply;
+  SumSqFn sum_sq;
 };
 
 // Defined in kernels_scalar.cpp, kernels_avx2.cpp and kernels_avx512.cpp. Calling a function

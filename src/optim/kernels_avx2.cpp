@@ -66,6 +66,6 @@ struct Vec {
 #include "optim/kernels_impl.h"
 }  // namespace
 
-const Table kAvx2Table = {"avx2", adam, sgd, adagrad, lion, lamb_norms, lamb_apply};
+const Table kAvx2Table = {"avx2", adam, sgd, adagrad, lion, lamb_norms, lamb_apply, sum_sq};
 
 }  // namespace dscpp::optim::kernels

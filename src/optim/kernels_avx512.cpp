@@ -54,6 +54,6 @@ struct Vec {
 #include "optim/kernels_impl.h"
 }  // namespace
 
-const Table kAvx512Table = {"avx512", adam, sgd, adagrad, lion, lamb_norms, lamb_apply};
+const Table kAvx512Table = {"avx512", adam, sgd, adagrad, lion, lamb_norms, lamb_apply, sum_sq};
 
 }  // namespace dscpp::optim::kernels

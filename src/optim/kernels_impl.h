@@ -191,4 +191,22 @@ void lamb_apply(const LambArgs& a, float step, int64_t begin, int64_t end) {
 }
 
 #undef DSCPP_OPTIM_SPLIT
+// ----- the gradient norm's sum of squares -----------------------------------------------------
+template <class V, bool kBf16>
+double sum_sq_loop(const SumSqArgs& a, int64_t begin, int64_t end) {
+  typename V::Acc acc = V::acc_zero();
+  for (int64_t i = begin; i < end; i += V::kWidth) {
+    V::acc_sq(acc, kBf16 ? V::load_bf16(a.x16 + i) : V::load(a.x32 + i));
+  }
+  return V::acc_sum(acc);
+}
+
+double sum_sq(const SumSqArgs& a, int64_t begin, int64_t end) {
+  const int64_t split = begin + (end - begin) / Vec::kWidth * Vec::kWidth;
+  if (a.x16 != nullptr) {
+    return sum_sq_loop<Vec, true>(a, begin, split) + sum_sq_loop<Scalar, true>(a, split, end);
+  }
+  return sum_sq_loop<Vec, false>(a, begin, split) + sum_sq_loop<Scalar, false>(a, split, end);
+}
+
 // NOLINTEND(build/include_what_you_use)

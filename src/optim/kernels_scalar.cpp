@@ -11,6 +11,6 @@ using Vec = Scalar;
 #include "optim/kernels_impl.h"
 }  // namespace
 
-const Table kScalarTable = {"scalar", adam, sgd, adagrad, lion, lamb_norms, lamb_apply};
+const Table kScalarTable = {"scalar", adam, sgd, adagrad, lion, lamb_norms, lamb_apply, sum_sq};
 
 }  // namespace dscpp::optim::kernels

@@ -309,6 +309,37 @@ TEST(OptimAdam, Bf16GradientsInAndParametersOutGiveTheCastsBits) {
   EXPECT_TRUE(at::equal(p, at::ones({4})));
 }
 
+// The gradient norm's sum of squares (optim::sum_squares): fp32 and bf16 read as they are, on
+// every SIMD path and length, against an fp64 sum of the widened values; the same bits for any
+// number of threads; nullopt where the ATen path must sum (kTorch, a strided or fp64 tensor).
+TEST(OptimSumSquares, MatchesAnFp64SumOnEveryPathLengthAndDtype) {
+  for (KernelPath path : paths()) {
+    ScopedKernelPath force(path);
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{17}, int64_t{65}, int64_t{3000017}}) {
+      for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+        SCOPED_TRACE(label(path, n) + " " + c10::toString(dtype));
+        at::manual_seed(n);
+        const at::Tensor x = (at::randn({n}) * 3.0).to(dtype);
+        const auto got = sum_squares(x);
+        if (path == KernelPath::kTorch) {
+          EXPECT_FALSE(got.has_value());
+          continue;
+        }
+        ASSERT_TRUE(got.has_value());
+        const at::Tensor xd = x.to(at::kDouble);
+        const double want = n ? xd.dot(xd).item<double>() : 0.0;
+        EXPECT_NEAR(*got, want, 1e-12 * std::max(want, 1.0));
+        const int threads = at::get_num_threads();
+        at::set_num_threads(threads == 1 ? 2 : 1);
+        EXPECT_EQ(*sum_squares(x), *got) << "a different number of threads";
+        at::set_num_threads(threads);
+      }
+    }
+  }
+  EXPECT_FALSE(sum_squares(at::ones({16}).slice(0, 0, 16, 2)).has_value());
+  EXPECT_FALSE(sum_squares(at::ones({8}, at::kDouble)).has_value());
+}
+
 // ----- SGD vs torch::optim::SGD ---------------------------------------------------------------
 struct SgdCase {
   double momentum, dampening, weight_decay;
