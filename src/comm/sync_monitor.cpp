@@ -99,8 +99,9 @@ std::string format_sync_report(int reporter, int world_size, const std::string& 
     out += fmt::format(
         "rank(s) {} did not answer: the process died, is stuck outside dscpp's collectives, or "
         "cannot reach rank 0's host over the network.\n"
-        "HINT: look at the output of rank(s) {} (dscpp launch prints the last lines of a rank "
-        "that died), and whether their hosts still reach each other ('dscpp check').\n",
+        "HINT: look at the output of rank(s) {} (dscpp launch prints the error lines and last "
+        "lines of a rank that died), and whether their hosts still reach each other ('dscpp "
+        "check').\n",
         join_ranks(missing), join_ranks(missing));
   }
   // Ranks at the same number but in different operations: one issued a collective the others

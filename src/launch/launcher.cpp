@@ -706,13 +706,17 @@ std::string failure_report(const RunOutcome& outcome) {
   if (outcome.cause) {
     const Failure& f = *outcome.cause;
     os << "cause: " << f.who << " " << f.how << "\n";
-    if (f.last_lines.empty()) {
-      os << "  (it printed nothing)\n";
-    } else {
-      os << "  last " << f.last_lines.size() << " line" << (f.last_lines.size() == 1 ? "" : "s")
-         << " of " << f.who << ":\n";
-      for (const auto& l : f.last_lines) os << "  | " << l << "\n";
-    }
+    // The error lines come first: the last lines of a training program are often a config
+    // dump or progress printed after the error (NOTE [error lines] in error_lines.h).
+    auto section = [&](const std::vector<std::string>& lines, const char* what) {
+      if (lines.empty()) return;
+      os << "  last " << lines.size() << " " << what << (lines.size() == 1 ? "" : "s") << " of "
+         << f.who << ":\n";
+      for (const auto& l : lines) os << "  | " << l << "\n";
+    };
+    section(f.error_lines, "error line");
+    section(f.last_lines, "line");
+    if (f.last_lines.empty() && f.error_lines.empty()) os << "  (it printed nothing)\n";
   } else if (outcome.signal) {
     os << "cause: the launcher received " << signal_name(outcome.signal)
        << " and stopped the job\n";

@@ -148,8 +148,9 @@ std::string decode_remote_word(const std::string& word);
 // expansion). Throws LaunchError for an unterminated quote.
 std::vector<std::string> split_shell_words(const std::string& text);
 
-// The report printed on stderr when a job did not succeed: the cause (who, how, last lines)
-// or the signal that stopped it, the processes the launcher stopped, and the exit status.
+// The report printed on stderr when a job did not succeed: the cause (who, how, its error
+// lines, then its last lines) or the signal that stopped it, the processes the launcher
+// stopped, and the exit status.
 std::string failure_report(const RunOutcome& outcome);
 
 // Runs the job and returns the status the launcher should exit with: 0 when every rank

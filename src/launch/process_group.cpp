@@ -20,8 +20,10 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 
 #include "dscpp/error.h"
+#include "launch/error_lines.h"
 #include "util/log.h"
 #include "util/shm_names.h"
 
@@ -31,6 +33,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr size_t kMaxLine = 64 * 1024;  // a longer line without '\n' is forwarded in pieces
+constexpr size_t kErrorScanBytes = 4 << 20;  // how far back a rank's log is searched for errors
 constexpr auto kDrainAfterLastExit = std::chrono::milliseconds(500);
 constexpr auto kWaitAfterKill = std::chrono::seconds(5);
 constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE};
@@ -116,28 +119,49 @@ bool percent_decode(const std::string& s, std::string* out) {
   return true;
 }
 
-// The last `n` lines of a file (a rank's log with --enable_each_rank_log).
-std::vector<std::string> file_tail(const std::string& path, size_t n) {
-  std::vector<std::string> lines;
+// Calls fn(line) for each line in the last `max_bytes` of a file (a rank's log with
+// --enable_each_rank_log), oldest first; a first line the cut fell into is skipped. Does
+// nothing when the file cannot be read.
+template <typename Fn>
+void for_each_line_of_file_end(const std::string& path, size_t max_bytes, Fn&& fn) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return lines;
+  if (fd < 0) return;
   struct stat st {};
   ::fstat(fd, &st);
-  off_t start = std::max<off_t>(0, st.st_size - static_cast<off_t>(kMaxLine));
+  off_t start = std::max<off_t>(0, st.st_size - static_cast<off_t>(max_bytes));
   std::string data(static_cast<size_t>(st.st_size - start), '\0');
   ssize_t got = ::pread(fd, data.data(), data.size(), start);
   ::close(fd);
   data.resize(got > 0 ? static_cast<size_t>(got) : 0);
   size_t pos = 0;
+  if (start > 0) {  // the first line was likely cut in the middle
+    const size_t nl = data.find('\n');
+    pos = nl == std::string::npos ? data.size() : nl + 1;
+  }
   while (pos < data.size()) {
     size_t nl = data.find('\n', pos);
     if (nl == std::string::npos) nl = data.size();
-    lines.push_back(data.substr(pos, nl - pos));
+    fn(std::string_view(data).substr(pos, nl - pos));
     pos = nl + 1;
   }
-  if (start > 0 && !lines.empty()) lines.erase(lines.begin());  // likely cut in the middle
-  if (lines.size() > n) lines.erase(lines.begin(), lines.end() - static_cast<ptrdiff_t>(n));
-  return lines;
+}
+
+// The last `n` lines of a file.
+std::vector<std::string> file_tail(const std::string& path, size_t n) {
+  std::deque<std::string> lines;
+  for_each_line_of_file_end(path, kMaxLine, [&](std::string_view line) {
+    lines.emplace_back(line);
+    if (lines.size() > n) lines.pop_front();
+  });
+  return {lines.begin(), lines.end()};
+}
+
+// The error lines (NOTE [error lines] in error_lines.h) of a file's last kErrorScanBytes.
+std::vector<std::string> file_error_lines(const std::string& path, size_t n) {
+  ErrorLines errors(n);
+  for_each_line_of_file_end(path, kErrorScanBytes,
+                            [&](std::string_view line) { errors.add(line); });
+  return errors.lines();
 }
 
 // Removes the shared-memory names the processes of group `pgid` left in /dev/shm (NOTE
@@ -237,7 +261,23 @@ std::string signal_name(int sig) {
 std::string format_agent_failure(const Failure& f) {
   std::string out = std::string(kAgentFailureMarker) + " who=" + percent_encode(f.who) +
                     " how=" + percent_encode(f.how) + " exit=" + std::to_string(f.exit_code);
-  for (const auto& l : f.last_lines) out += " line=" + percent_encode(l);
+  // What does not fit in kMaxLine (NOTE [agent failure line]) is left out: the oldest last
+  // lines first, then the newest error lines.
+  size_t room = kMaxLine - 1 - std::min(out.size(), kMaxLine - 1);
+  for (const auto& l : f.error_lines) {
+    std::string entry = " error=" + percent_encode(l);
+    if (entry.size() > room) break;
+    room -= entry.size();
+    out += entry;
+  }
+  std::vector<std::string> newest_first;
+  for (auto l = f.last_lines.rbegin(); l != f.last_lines.rend(); ++l) {
+    std::string entry = " line=" + percent_encode(*l);
+    if (entry.size() > room) break;
+    room -= entry.size();
+    newest_first.push_back(std::move(entry));
+  }
+  for (auto e = newest_first.rbegin(); e != newest_first.rend(); ++e) out += *e;
   return out;
 }
 
@@ -270,6 +310,8 @@ std::optional<Failure> parse_agent_failure(const std::string& line) {
       has_exit = true;
     } else if (key == "line") {
       f.last_lines.push_back(value);
+    } else if (key == "error") {
+      f.error_lines.push_back(value);
     }  // unknown keys are skipped: a newer agent may say more
   }
   if (!has_who || !has_exit) return std::nullopt;
@@ -292,6 +334,7 @@ struct ChildGroup::Child {
   bool stopped = false;
   ExitStatus status;
   std::deque<std::string> tail;
+  ErrorLines errors;  // sized in start()
 };
 
 ChildGroup::ChildGroup(ChildGroupOptions options) : options_(options) {
@@ -341,6 +384,7 @@ size_t ChildGroup::start(const ChildSpec& spec) {
   auto c = std::make_unique<Child>();
   c->spec = spec;
   c->err.is_err = true;
+  c->errors = ErrorLines(options_.error_lines);
   // Everything the child needs is prepared here: after fork() it only makes system calls.
   int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1}, in_pipe[2] = {-1, -1};
   int log_fd = -1, null_fd = -1;
@@ -446,6 +490,7 @@ void ChildGroup::handle_line(Child& c, const std::string& line, bool is_err) {
   write_all(is_err ? 2 : 1, c.spec.prefix + line + "\n");
   c.tail.push_back(line);
   while (c.tail.size() > options_.tail_lines) c.tail.pop_front();
+  c.errors.add(line);
 }
 
 void ChildGroup::flush_partial(Child& c, Stream& s) {
@@ -484,6 +529,11 @@ std::vector<std::string> ChildGroup::last_lines_of(const Child& c) const {
   return {c.tail.begin(), c.tail.end()};
 }
 
+std::vector<std::string> ChildGroup::error_lines_of(const Child& c) const {
+  if (!c.spec.log_path.empty()) return file_error_lines(c.spec.log_path, options_.error_lines);
+  return c.errors.lines();
+}
+
 void ChildGroup::reap(Child& c, int wait_status) {
   c.running = false;
   c.status = ExitStatus::from_wait_status(wait_status);
@@ -502,7 +552,8 @@ void ChildGroup::reap(Child& c, int wait_status) {
     remove_shm_segments(c.pid);
   }
   if (!c.status.ok() && !stopping_) {
-    set_cause(Failure{c.spec.name, c.status.describe(), c.status.launcher_code(), last_lines_of(c)},
+    set_cause(Failure{c.spec.name, c.status.describe(), c.status.launcher_code(),
+                      last_lines_of(c), error_lines_of(c)},
               &c);
   }
 }

@@ -4,11 +4,12 @@
 //
 // It starts each child in its own POSIX process group (so a signal reaches the child's whole
 // tree), forwards each line a child prints with a prefix such as "[rank 3] ", keeps the last
-// lines of each child for failure reports, forwards SIGINT/SIGTERM/SIGHUP received by the
-// launcher, and on the first failure stops all the others: SIGTERM to their process groups,
-// SIGKILL to whatever is left after a grace period. Node agents (see NOTE [node agent
-// protocol] in launcher.cpp) report a failing rank with one machine-readable line that the
-// group parses (format_agent_failure / parse_agent_failure).
+// lines and the error lines (NOTE [error lines] in error_lines.h) of each child for failure
+// reports, forwards SIGINT/SIGTERM/SIGHUP received by the launcher, and on the first failure
+// stops all the others: SIGTERM to their process groups, SIGKILL to whatever is left after a
+// grace period. Node agents (see NOTE [node agent protocol] in launcher.cpp) report a failing
+// rank with one machine-readable line that the group parses (format_agent_failure /
+// parse_agent_failure).
 //
 // Threading: a ChildGroup is used by one thread, the one that created it; run() is a
 // single-threaded poll loop. Signal handlers only write to a self-pipe that the loop reads.
@@ -57,11 +58,18 @@ struct Failure {
   std::string how;    // "exited with status 3", "killed by signal 9 (SIGKILL)", or an error
   int exit_code = 1;  // what the launcher exits with; never 0
   std::vector<std::string> last_lines;  // oldest first, without prefixes
+  // Its error lines (NOTE [error lines] in error_lines.h), oldest first, without prefixes;
+  // they may also be among last_lines. The report shows them first.
+  std::vector<std::string> error_lines;
 };
 
 // NOTE [agent failure line]: a node agent reports the first failing rank on its node as one
-// line on its stderr: "@@dscpp-agent-failure who=.. how=.. exit=N line=.. line=..", values
-// percent-encoded (space, '%', '=' and control bytes as %XX), one `line=` per last line.
+// line on its stderr: "@@dscpp-agent-failure who=.. how=.. exit=N line=.. error=..", values
+// percent-encoded (space, '%', '=' and control bytes as %XX), one `line=` per last line and
+// one `error=` per error line. Unknown keys are skipped, so an older main launcher reads a
+// newer agent's line (without its error lines), and a newer one reads an older agent's. The
+// line stays under 64 KiB, the longest line the main launcher reads in one piece: entries that
+// do not fit are left out, the oldest last lines first, then the newest error lines.
 inline constexpr const char* kAgentFailureMarker = "@@dscpp-agent-failure";
 std::string format_agent_failure(const Failure& f);
 // Parses a line made by format_agent_failure. Returns nullopt for any other line.
@@ -114,6 +122,9 @@ struct ChildGroupOptions {
   bool watch_stdin = false;
   // Lines of each child kept for reports.
   size_t tail_lines = 20;
+  // Error lines (NOTE [error lines] in error_lines.h) of each child kept for reports: the last
+  // ones.
+  size_t error_lines = 10;
   // Called once, at the moment the first failure is known (before the others are stopped);
   // a node agent uses it to tell the main launcher right away.
   std::function<void(const Failure&)> on_cause;
@@ -152,6 +163,7 @@ class ChildGroup {
   void begin_stop(int sig, const Child* except);
   void kill_all(int sig, const Child* except);
   std::vector<std::string> last_lines_of(const Child& c) const;
+  std::vector<std::string> error_lines_of(const Child& c) const;
 
   ChildGroupOptions options_;
   std::vector<std::unique_ptr<Child>> children_;

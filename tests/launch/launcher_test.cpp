@@ -420,7 +420,8 @@ TEST(LaunchAgentLine, RoundTrip) {
   Failure f{"rank 3 on node-b",
             "exited with status 5",
             5,
-            {"plain", "with spaces and = and %", "", "tab\there", "ünïcode"}};
+            {"plain", "with spaces and = and %", "", "tab\there", "ünïcode"},
+            {"[2026-11-29 22:30:01.123] [rank 3] [error] bad = 100%"}};
   std::string line = format_agent_failure(f);
   EXPECT_EQ(line.find('\n'), std::string::npos);
   EXPECT_EQ(line.rfind(kAgentFailureMarker, 0), 0u);
@@ -430,6 +431,30 @@ TEST(LaunchAgentLine, RoundTrip) {
   EXPECT_EQ(back->how, f.how);
   EXPECT_EQ(back->exit_code, 5);
   EXPECT_EQ(back->last_lines, f.last_lines);
+  EXPECT_EQ(back->error_lines, f.error_lines);
+  // A line from an agent without error lines (older, or nothing to say) still parses.
+  back = parse_agent_failure("@@dscpp-agent-failure who=x exit=1 line=a");
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->last_lines, std::vector<std::string>{"a"});
+  EXPECT_TRUE(back->error_lines.empty());
+}
+
+TEST(LaunchAgentLine, LongLinesKeepTheLineUnder64KiB) {
+  // The main launcher reads lines of up to 64 KiB in one piece: what does not fit is left
+  // out, the oldest last lines first.
+  Failure f{"rank 3 on node-b", "exited with status 5", 5, {}, {}};
+  for (int i = 0; i < 10; ++i) f.error_lines.push_back("error " + std::string(3000, 'e'));
+  for (int i = 0; i < 20; ++i) {
+    f.last_lines.push_back("line" + std::to_string(i) + " " + std::string(5000, 'x'));
+  }
+  std::string line = format_agent_failure(f);
+  EXPECT_LT(line.size(), 64u * 1024);
+  auto back = parse_agent_failure(line);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->error_lines, f.error_lines);
+  ASSERT_FALSE(back->last_lines.empty());
+  EXPECT_LT(back->last_lines.size(), f.last_lines.size());
+  EXPECT_EQ(back->last_lines.back(), f.last_lines.back());
 }
 
 TEST(LaunchAgentLine, OtherLinesAreNotFailures) {
@@ -467,6 +492,28 @@ TEST(LaunchReport, NamesCauseLastLinesAndStoppedRanks) {
   EXPECT_TRUE(contains(r, "exits with status 3")) << r;
   EXPECT_EQ(three.describe(), "exited with status 3");
   EXPECT_EQ(term.launcher_code(), 143);
+}
+
+TEST(LaunchReport, ErrorLinesComeBeforeLastLines) {
+  RunOutcome o;
+  o.exit_code = 1;
+  o.cause = Failure{"rank 0 on localhost",
+                    "exited with status 1",
+                    1,
+                    {"config: a", "config: b"},
+                    {"[2026-11-29 22:30:01.123] [rank 0] [error] shard 2 is corrupt"}};
+  std::string r = failure_report(o);
+  EXPECT_TRUE(contains(r,
+                       "  last 1 error line of rank 0 on localhost:\n"
+                       "  | [2026-11-29 22:30:01.123] [rank 0] [error] shard 2 is corrupt\n"
+                       "  last 2 lines of rank 0 on localhost:\n"
+                       "  | config: a\n  | config: b\n"))
+      << r;
+  o.cause->error_lines.clear();
+  r = failure_report(o);
+  EXPECT_FALSE(contains(r, "error line")) << r;
+  o.cause->last_lines.clear();
+  EXPECT_TRUE(contains(failure_report(o), "(it printed nothing)"));
 }
 
 TEST(LaunchReport, SignalStoppedJob) {
@@ -555,6 +602,36 @@ TEST(LaunchProcess, FailingRankStopsTheJob) {
   for (std::string n : {"0", "1", "3"}) {
     EXPECT_TRUE(contains(r.err, "rank " + n + " on localhost: killed by signal 15 (SIGTERM)"))
         << dump(r);
+  }
+}
+
+// A rank logs an error, then prints more than the report's last lines: the error still shows,
+// ahead of the last lines, for console output and for a per-rank log file.
+TEST(LaunchProcess, ErrorLinesComeFirstInTheReport) {
+  const std::string program =
+      "log() { echo \"[2026-11-29 22:30:01.123] [rank $RANK] [$1] $2\" >&2; }; "
+      "if [ $RANK = 1 ]; then "
+      "  for i in $(seq 1 30); do log info \"config line $i\"; done; "
+      "  log error 'shard 2 is corrupt'; "
+      "  for i in $(seq 1 30); do log info \"after $i\"; done; "
+      "  exit 3; "
+      "fi; exec sleep 60";
+  TempDir dir;
+  for (bool each_rank_log : {false, true}) {
+    std::vector<std::string> args = {"--num_procs", "2"};
+    if (each_rank_log) args.insert(args.end(), {"--enable_each_rank_log", dir.str()});
+    args.insert(args.end(), {"sh", "-c", program});
+    Result r = launch(args);
+    EXPECT_EQ(r.code, 3) << dump(r);
+    const std::string error_line =
+        "  | [2026-11-29 22:30:01.123] [rank 1] [error] shard 2 is corrupt\n";
+    const size_t errors = r.err.find("  last 1 error line of rank 1 on localhost:\n" + error_line);
+    const size_t last = r.err.find("  last 20 lines of rank 1 on localhost:\n");
+    ASSERT_NE(errors, std::string::npos) << dump(r);
+    ASSERT_NE(last, std::string::npos) << dump(r);
+    EXPECT_LT(errors, last) << dump(r);
+    EXPECT_TRUE(contains(r.err.substr(last), "[info] after 30\n")) << dump(r);
+    EXPECT_FALSE(contains(r.err.substr(last), "[error]")) << dump(r);
   }
 }
 

@@ -7,7 +7,8 @@
 #     (a perl listener on 10.231.X.1:29500 in the first namespace answers "pong"); with a bare
 #     environment on the "hosts" (env -i), NCCL_* variables and the working folder still arrive;
 #  2. a rank on the second node exiting 5 stops the whole job within 10 s, the report names
-#     that rank, its status and its last line, and no rank process is left running;
+#     that rank, its status, its error line (carried by the agent's failure line) and its
+#     last line, and no rank process is left running;
 #  3. the main launcher killed with SIGKILL: the node agents (started through `setsid -w`, so
 #     only their stdin lifeline tells them, as over ssh) stop their ranks within 10 s;
 #  4. `dscpp check` across both: hosts answer, the master port opens on the first host and is
@@ -137,6 +138,7 @@ timeout 30 "${LAUNCH[@]}" sh -c '
   sleep 60 & echo $! > '"$WORK"'/pids2/bg.$RANK
   if [ "$RANK" = 3 ]; then
     i=0; while [ "$(ls '"$WORK"'/pids2 | wc -l)" -lt 8 ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done
+    echo "[2026-11-29 22:30:01.123] [rank 3] [error] rank 3 is broken" >&2
     echo "rank 3 failing now"; exit 5
   fi
   wait' >"$WORK/2.out" 2>"$WORK/2.err"
@@ -144,6 +146,9 @@ rc=$?
 [ "$rc" = 5 ] || fail "2: the job exited with status $rc, not 5"
 elapsed_below "$start" 10 || fail "2: the job took more than 10 s to stop"
 grep -qF "cause: rank 3 on $N2 exited with status 5" "$WORK/2.err" || fail "2: report lacks the cause"
+grep -qF "  last 1 error line of rank 3 on $N2:" "$WORK/2.err" || fail "2: report lacks the error line"
+grep -qF "  | [2026-11-29 22:30:01.123] [rank 3] [error] rank 3 is broken" "$WORK/2.err" ||
+  fail "2: report lacks the error line's text"
 grep -qF "  | rank 3 failing now" "$WORK/2.err" || fail "2: report lacks the last line"
 grep -qF "stopped by the launcher:" "$WORK/2.err" || fail "2: report lacks the stopped list"
 all_gone "$WORK/pids2" 3 || fail "2: rank processes left running"
