@@ -197,6 +197,7 @@ int train_main(int argc, char** argv) {
   // One progress line per print interval (below); the engine's resolved config and step line are
   // for debugging, or when the config asks for wall_clock_breakdown, which only that line shows.
   io.detail_log_level = config.wall_clock_breakdown ? LogLevel::info : LogLevel::debug;
+  io.config_log_level = io.detail_log_level;
   Engine engine(model.ptr(), config, io);
   engine.set_tokens_per_sample(a.block_size);
   if (!a.init.empty() && stage3) zero::load_weights(*model, a.init);

@@ -63,11 +63,15 @@ struct InitOptions {
   // io_uring (or its thread-pool fallback) with the config's aio settings. Not owned; must
   // outlive the engine.
   io::AsyncIo* async_io = nullptr;
-  // The level of rank 0's detailed lines: the resolved config at set-up and the line logged every
-  // steps_per_print steps (step, loss, lr, grad_norm, throughput, memory; with
-  // wall_clock_breakdown where the time went). `dscpp train` passes debug (unless the config asks
-  // for wall_clock_breakdown) and prints its own progress line.
+  // The level of rank 0's step line, logged every steps_per_print steps (step, loss, lr,
+  // grad_norm, throughput, memory; with wall_clock_breakdown where the time went). `dscpp train`
+  // passes debug (unless the config asks for wall_clock_breakdown) and prints its own progress
+  // line.
   LogLevel detail_log_level = LogLevel::info;
+  // The level of rank 0's dump of the resolved config at set-up (every value in force, ~55
+  // lines): debug, so a failing job's last lines are its error, not the config; info (or
+  // DSCPP_LOG_LEVEL=debug) shows it.
+  LogLevel config_log_level = LogLevel::debug;
 };
 
 // DeepSpeed's load_checkpoint options (docs/checkpoint.md).
@@ -208,6 +212,13 @@ class Engine {
   int rank() const;
   int world_size() const;
   torch::nn::Module& module();
+  // The dtype the model computes in: bf16 or fp16 when the config enables them (the engine cast
+  // the model's floating parameters and buffers), else fp32.
+  at::ScalarType dtype() const;
+  // A model input as the model now computes: a floating tensor cast to dtype() and moved to the
+  // model's device, any other (token ids, masks) moved only. Inputs a program builds in fp32 must
+  // go through this (or a cast of its own) under bf16 / fp16: libtorch does not cast them.
+  at::Tensor cast_input(const at::Tensor& x) const;
 
   // Tokens per sample, so the step log can show tokens/s (0: not shown).
   void set_tokens_per_sample(int64_t tokens);

@@ -1030,7 +1030,12 @@ void describe_zero(Describer& d, const ZeroConfig& z) {
   const std::string p = "zero_optimization.";
   d.line(p + "stage", z.stage);
   d.line(p + "contiguous_gradients", z.contiguous_gradients);
-  d.line(p + "overlap_comm", z.overlap_comm);
+  if (z.stage == 0) {  // its all-reduces always overlap backward (src/zero/all_reduce.h)
+    d.raw("  " + p + "overlap_comm = true  (stage 0 always overlaps its all-reduces with "
+          "backward; the key applies to stages 1-3)");
+  } else {
+    d.line(p + "overlap_comm", z.overlap_comm);
+  }
   d.line(p + "reduce_scatter", z.reduce_scatter);
   d.line(p + "reduce_bucket_size", z.reduce_bucket_size);
   d.line(p + "allgather_partitions", z.allgather_partitions);

@@ -93,6 +93,11 @@ std::vector<std::string> check_supported(const Config& c, const SupportContext& 
         "is ignored: dscpp has no save_16bit_model; training runs as configured. HINT: "
         "zero::GatheredParameters with safetensors::save writes whole weights");
   }
+  if (stage == 0 && !z.overlap_comm && !c.origins.count("zero_optimization.overlap_comm")) {
+    warnings.push_back(
+        "zero_optimization.overlap_comm false has no effect at stage 0: its all-reduces always "
+        "overlap backward (the key applies to stages 1-3); training runs as configured");
+  }
   if (!z.allgather_partitions) {
     warnings.push_back(
         "zero_optimization.allgather_partitions false: dscpp always all-gathers "

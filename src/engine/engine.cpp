@@ -2,6 +2,9 @@
 // step's order of events in step.cpp.
 #include "dscpp/engine.h"
 
+#include <ATen/ATen.h>
+
+#include "dscpp/error.h"
 #include "engine/engine_impl.h"
 
 namespace dscpp {
@@ -43,6 +46,12 @@ comm::Communicator& Engine::communicator() { return *impl_->comm_; }
 int Engine::rank() const { return impl_->comm_->rank(); }
 int Engine::world_size() const { return impl_->comm_->world_size(); }
 torch::nn::Module& Engine::module() { return *impl_->model_; }
+at::ScalarType Engine::dtype() const { return impl_->dtype(); }
+at::Tensor Engine::cast_input(const at::Tensor& x) const {
+  DSCPP_CHECK(x.defined(), Error, "cast_input() was given an undefined tensor");
+  if (at::isFloatingType(x.scalar_type())) return x.to(impl_->device(), impl_->dtype());
+  return x.to(impl_->device());
+}
 void Engine::set_tokens_per_sample(int64_t tokens) { impl_->tokens_per_sample_ = tokens; }
 
 Engine::NoSync::NoSync(Engine& e) : engine_(e) { engine_.impl_->enter_no_sync(); }

@@ -56,6 +56,8 @@ class EngineImpl {
   double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
   int gradient_accumulation_steps() const { return config_.batch.gradient_accumulation_steps; }
   int train_batch_size() const { return config_.batch.train_batch_size; }
+  at::ScalarType dtype() const { return dtype_; }
+  at::Device device() const { return device_; }
 
   std::shared_ptr<torch::nn::Module> model_;
   Config config_;
@@ -220,8 +222,10 @@ class EngineImpl {
   double t_backward_ = 0, t_reduce_wait_ = 0, t_optimizer_ = 0;
   double t_boundary_ = 0, t_gather_ = 0;
   zero::Strategy::FetchStats fetch_;  // stage 3: this window's parameter gathers
-  // The level of the resolved-config dump and the step line (InitOptions::detail_log_level).
+  // The level of the step line (InitOptions::detail_log_level) and of the resolved-config dump
+  // (InitOptions::config_log_level).
   LogLevel detail_log_level_ = LogLevel::info;
+  LogLevel config_log_level_ = LogLevel::debug;
   std::vector<std::unique_ptr<monitor::Writer>> monitors_;  // rank 0 only
   std::unique_ptr<profiling::FlopsProfiler> profiler_;      // rank 0, the profiled window only
   // wall_clock_breakdown on rank 0 of a CPU model: the op table of each step log line, over the

@@ -5,6 +5,7 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -32,7 +33,8 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> model, Config config, 
       zero_units_(std::move(options.zero_units)),
       file_system_(options.file_system),
       async_io_(options.async_io),
-      detail_log_level_(options.detail_log_level) {
+      detail_log_level_(options.detail_log_level),
+      config_log_level_(options.config_log_level) {
   DSCPP_CHECK(model_, ConfigError, "initialize() was given a null model");
   fault::check_environment();
   // NOTE [allocator for training]: from the start, so set-up's own allocations already follow
@@ -77,30 +79,40 @@ void EngineImpl::resolve_batch() {
                                                  ? pe.source
                                                  : "the communicator passed to initialize()");
   if (comm_->rank() == 0) {
-    log_detail("resolved config (values in force):\n" + config_.describe());
+    DSCPP_LOG_AT(config_log_level_, "resolved config (values in force):\n" + config_.describe());
   }
 }
 
 void EngineImpl::check_same_model_on_every_rank() {
   // Per rank: an FNV-1a hash (52 bits: exact in a double) of every parameter's name, shape,
   // dtype and trainability, its tensor count and its element count.
-  uint64_t hash = 14695981039346656037ULL;
-  auto mix = [&](const std::string& s) {
-    for (unsigned char c : s) hash = (hash ^ c) * 1099511628211ULL;
+  auto fnv = [](uint64_t h, const std::string& s) {
+    for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
+    return h;
   };
-  int64_t tensors = 0, elements = 0;
+  constexpr uint64_t kFnvBasis = 14695981039346656037ULL;
+  uint64_t hash = kFnvBasis;
+  std::vector<std::string> described;  // per parameter, as the error names it
+  std::vector<double> each;            // per parameter, its own hash
+  int64_t elements = 0;
   std::optional<at::Device> device;
   for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
     const at::Tensor& p = item.value();
-    mix(fmt::format("{}|{}|{}|{};", item.key(), fmt::join(p.sizes(), ","),
-                    c10::toString(p.scalar_type()), p.requires_grad()));
-    ++tensors;
+    const std::string key = fmt::format("{}|{}|{}|{};", item.key(), fmt::join(p.sizes(), ","),
+                                        c10::toString(p.scalar_type()), p.requires_grad());
+    hash = fnv(hash, key);
+    each.push_back(static_cast<double>(fnv(kFnvBasis, key) >> 12));
+    described.push_back(fmt::format("'{}' [{}] {}{}", item.key(), fmt::join(p.sizes(), ", "),
+                                    c10::toString(p.scalar_type()),
+                                    p.requires_grad() ? "" : " frozen"));
     elements += p.numel();
     if (!device) device = p.device();
   }
+  const auto tensors = static_cast<int64_t>(each.size());
   const int world = comm_->world_size();
   if (world == 1) return;
-  at::Tensor all = rank_values(3 * world, device.value_or(at::kCPU));
+  const at::Device dev = device.value_or(at::kCPU);
+  at::Tensor all = rank_values(3 * world, dev);
   all[3 * comm_->rank()] = static_cast<double>(hash >> 12);
   all[3 * comm_->rank() + 1] = static_cast<double>(tensors);
   all[3 * comm_->rank() + 2] = static_cast<double>(elements);
@@ -108,19 +120,64 @@ void EngineImpl::check_same_model_on_every_rank() {
   all = all.cpu();
   const double* v = all.data_ptr<double>();
   std::string differ;
-  for (int q = 1; q < world; ++q) {
-    if (v[3 * q] != v[0] || v[3 * q + 1] != v[1] || v[3 * q + 2] != v[2]) {
+  int64_t longest = 0;
+  for (int q = 0; q < world; ++q) {
+    longest = std::max(longest, static_cast<int64_t>(v[3 * q + 1]));
+    if (q > 0 && (v[3 * q] != v[0] || v[3 * q + 1] != v[1] || v[3 * q + 2] != v[2])) {
       differ += fmt::format("; rank {}: {} tensors, {} elements", q,
                             static_cast<int64_t>(v[3 * q + 1]), static_cast<int64_t>(v[3 * q + 2]));
     }
   }
-  DSCPP_CHECK(differ.empty(), ConfigError,
-              "the model passed to initialize() differs across ranks (parameter names, shapes, "
-              "dtypes or requires_grad): rank 0: ",
-              static_cast<int64_t>(v[1]), " tensors, ", static_cast<int64_t>(v[2]), " elements",
-              differ,
-              ". HINT: every rank must build the same model, in the same dtype, before "
-              "initialize(); with equal counts, a name, shape or dtype differs");
+  if (differ.empty()) return;
+  // Every rank knows now that the models differ: two more collectives find the first parameter
+  // (in named_parameters() order) where a rank's differs from rank 0's, and what each rank has
+  // there.
+  at::Tensor hashes = rank_values(world * longest, dev);
+  hashes.narrow(0, comm_->rank() * longest, tensors).copy_(at::tensor(each, at::kDouble));
+  comm_->all_reduce(hashes)->wait();
+  hashes = hashes.cpu();
+  const double* h = hashes.data_ptr<double>();
+  int64_t first = longest;
+  for (int q = 1; q < world; ++q) {
+    const int64_t n = std::min(static_cast<int64_t>(v[3 * q + 1]), static_cast<int64_t>(v[1]));
+    int64_t i = 0;
+    while (i < n && h[q * longest + i] == h[i]) ++i;
+    if (i < n || v[3 * q + 1] != v[1]) first = std::min(first, i);
+  }
+  constexpr int64_t kChars = 160;
+  const std::string mine =
+      (first < tensors ? described[first] : std::string("nothing (it has no more parameters)"))
+          .substr(0, kChars);
+  at::Tensor names = rank_values(world * kChars, dev);
+  std::vector<double> chars(mine.begin(), mine.end());
+  if (!chars.empty()) {
+    names.narrow(0, comm_->rank() * kChars, static_cast<int64_t>(chars.size()))
+        .copy_(at::tensor(chars, at::kDouble));
+  }
+  comm_->all_reduce(names)->wait();
+  names = names.cpu();
+  auto name_of = [&](int q) {
+    std::string out;
+    for (int64_t i = 0; i < kChars; ++i) {
+      const auto c = static_cast<char>(names.data_ptr<double>()[q * kChars + i]);
+      if (c == '\0') break;
+      out += c;
+    }
+    return out;
+  };
+  std::string at_first = "rank 0 has " + name_of(0);
+  for (int q = 1; q < world; ++q) {
+    const std::string theirs = name_of(q);
+    if (theirs != name_of(0)) at_first += fmt::format(", rank {} has {}", q, theirs);
+  }
+  DSCPP_FAIL(ConfigError,
+             "the model passed to initialize() differs across ranks (parameter names, shapes, "
+             "dtypes or requires_grad): rank 0: ",
+             static_cast<int64_t>(v[1]), " tensors, ", static_cast<int64_t>(v[2]), " elements",
+             differ, ". The first parameter that differs is number ", first + 1,
+             " in named_parameters() order: ", at_first,
+             ". HINT: every rank must build the same model, in the same dtype, before "
+             "initialize()");
 }
 
 void EngineImpl::open_monitors() {

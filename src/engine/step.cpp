@@ -101,6 +101,15 @@ void EngineImpl::backward(const at::Tensor& loss) {
               "backward() needs the scalar loss of this micro-batch, got a tensor of ",
               loss.defined() ? loss.numel() : 0, " elements");
   check_usable();
+  // step() counts the micro-steps (as DeepSpeed's does): one backward() per step() call.
+  const int64_t gas = gradient_accumulation_steps();
+  DSCPP_CHECK(window_micro_steps_ <= micro_steps_ % gas, Error,
+              "backward() called again without step() after the previous backward() (micro-step ",
+              micro_steps_ % gas + 1, " of ", gas,
+              "). HINT: call step() after every backward(), as in DeepSpeed: step() counts the "
+              "micro-steps and applies the optimizer update only at the gradient accumulation "
+              "boundary, every ", gas, " calls (the DDP habit of several backward() calls and one "
+              "step() accumulates here through gradient_accumulation_steps instead)");
   strategy_->before_backward(loss);
   auto t0 = Clock::now();
   if (profiler_) profiler_->set_phase(profiling::Phase::backward);

@@ -242,16 +242,41 @@ Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& com
                                            [this](int group) { on_group_complete(group); });
   register_units();
   if (whole_model_unit_) {
-    DSCPP_LOG_INFO(
-        "ZeRO stage 3 without units (InitOptions::zero_units is empty): the whole "
-        "model is one unit, gathered between steps, so parameter memory in forward "
-        "and backward is not reduced; mark units (e.g. {{\"h.*\"}}) for that");
+    if (rank == 0) {
+      DSCPP_LOG_WARN(
+          "ZeRO stage 3 without units: the whole model is one unit, kept gathered between "
+          "steps, so stage 3 saves no parameter memory while the model runs. HINT: mark units "
+          "(the repeated blocks, usually), both halves: name them in the config's "
+          "zero_optimization.leaf_module (\"classes\" or \"names\") or InitOptions::zero_units, "
+          "and run each one's forward through dscpp::zero::call (docs/zero.md, \"Stage 3\"). "
+          "This model's top-level modules: {}",
+          top_level_modules(model));
+    }
     gather(0);
     fetcher_.wait(units_[0].storage);
   }
   if (rank == 0) {
-    int64_t sharded_numel = 0;
-    for (const auto& u : units_) sharded_numel += u.layout.numel;
+    int64_t sharded_numel = 0, padded = 0;
+    for (const auto& u : units_) {
+      sharded_numel += u.layout.numel;
+      padded += u.layout.padded;
+    }
+    // NOTE [stage 3 prefetch order]: unit u's next request after its forward is its backward,
+    // the other units' requests in between; from the first unit that is nearly twice the units'
+    // elements, so a reuse distance that large keeps every unit from forward to backward.
+    if (!whole_model_unit_ && units_.size() > 1 && s3_.max_reuse_distance >= padded) {
+      const int64_t item = static_cast<int64_t>(c10::elementSize(options_.dtype().toScalarType()));
+      DSCPP_LOG_WARN(
+          "ZeRO stage 3: zero_optimization.stage3_max_reuse_distance {} is at least the {} "
+          "elements of the model's {} units, so units are kept gathered from their forward to "
+          "their backward instead of released after use (DeepSpeed's default, 1e9, does the same "
+          "for any model under 1e9 parameters): up to {:.1f} MiB of whole parameters per rank "
+          "beside the shards, more than stage 2 holds. HINT: to release each unit after use, "
+          "set stage3_max_reuse_distance below the largest unit's elements (0 always releases); "
+          "stage3_max_live_parameters ({}) caps the elements gathered ahead",
+          s3_.max_reuse_distance, padded, units_.size(),
+          static_cast<double>(padded * item) / (1 << 20), s3_.max_live_parameters);
+    }
     DSCPP_LOG_INFO(
         "ZeRO stage 3: {} units, {} of {} parameter elements sharded, {} resident "
         "(whole on every rank: below stage3_param_persistence_threshold {} or in no "

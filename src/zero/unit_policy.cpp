@@ -3,6 +3,13 @@
 
 #include <torch/nn/module.h>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cstring>
+#include <set>
+#include <vector>
+
 #include "dscpp/error.h"
 
 namespace dscpp::zero {
@@ -82,6 +89,32 @@ void check_each_matches(torch::nn::Module& model, const UnitPolicy& given,
               "the model: ", missing, ". HINT: module paths are named_modules() keys such as ",
               "\"h.0\" (InitOptions takes globs like \"h.*\"); types are Module::name(), e.g. ",
               "\"dscpp::models::BlockImpl\" (\"BlockImpl\" in leaf_module.classes)");
+}
+
+std::string top_level_modules(torch::nn::Module& model) {
+  auto is_container = [](const std::string& type) {
+    for (const char* c : {"ModuleListImpl", "SequentialImpl", "ModuleDictImpl"}) {
+      if (type.size() >= std::strlen(c) && type.compare(type.size() - std::strlen(c),
+                                                        std::string::npos, c) == 0)
+        return true;
+    }
+    return false;
+  };
+  std::vector<std::string> entries;
+  for (const auto& item : model.named_children()) {
+    torch::nn::Module& m = *item.value();
+    const auto children = m.children();
+    if (is_container(m.name()) && children.size() > 1) {
+      std::set<std::string> types;
+      for (const auto& c : children) types.insert(c->name());
+      entries.push_back(fmt::format("'{}.*' ({} x {})", item.key(), children.size(),
+                                    fmt::join(types, " | ")));
+    } else {
+      entries.push_back(fmt::format("'{}' ({})", item.key(), m.name()));
+    }
+  }
+  if (entries.empty()) return "(none: the model has no submodules)";
+  return fmt::format("{}", fmt::join(entries, ", "));
 }
 
 }  // namespace dscpp::zero

@@ -23,4 +23,9 @@ UnitPolicy with_leaf_modules(UnitPolicy given, const ZeroLeafModuleConfig& leaf)
 void check_each_matches(torch::nn::Module& model, const UnitPolicy& given,
                         const ZeroLeafModuleConfig& leaf);
 
+// The model's top-level modules as a user would name units: "'head' (torch::nn::LinearImpl)",
+// and a container of several modules (ModuleList, Sequential, ModuleDict) as its children,
+// "'blocks.*' (3 x BlockImpl)". For messages that tell a user how to mark units.
+std::string top_level_modules(torch::nn::Module& model);
+
 }  // namespace dscpp::zero

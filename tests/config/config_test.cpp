@@ -690,6 +690,13 @@ TEST(ConfigZero, OverlapCommDefaultFollowsTheStage) {
   EXPECT_EQ(c.origins.count("zero_optimization.overlap_comm"), 0u);
   c = Config::parse(R"({"zero_optimization": {"stage": 3}})");
   EXPECT_EQ(c.origins.at("zero_optimization.overlap_comm"), "default for stage 3");
+  // Stage 0's all-reduces always overlap backward: the resolved config says so, whatever the key.
+  for (const char* stage0 : {R"({})", R"({"zero_optimization": {"overlap_comm": false}})"}) {
+    const std::string d = Config::parse(stage0).describe();
+    EXPECT_NE(d.find("zero_optimization.overlap_comm = true  (stage 0 always overlaps"),
+              std::string::npos)
+        << d;
+  }
 }
 
 TEST(ConfigZero, FullStage3WithNvmeOffload) {
@@ -985,7 +992,8 @@ TEST(ConfigDescribe, ShowsValuesInForceAndMarksDerivedOnes) {
   EXPECT_NE(d.find("  steps_per_print = 10\n"), std::string::npos) << d;
   EXPECT_NE(d.find("  optimizer.type = Adam\n"), std::string::npos) << d;
   EXPECT_NE(d.find("  optimizer.params.betas = [0.9, 0.999]\n"), std::string::npos) << d;
-  EXPECT_NE(d.find("  zero_optimization.overlap_comm = false  (default for stage 0)\n"),
+  EXPECT_NE(d.find("  zero_optimization.overlap_comm = true  (stage 0 always overlaps its "
+                   "all-reduces with backward; the key applies to stages 1-3)\n"),
             std::string::npos)
       << d;
 }

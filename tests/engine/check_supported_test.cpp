@@ -109,6 +109,15 @@ TEST(CheckSupported, ObserversAreHonouredOrAcceptedWithAWarning) {
   }
 }
 
+// overlap_comm false at stage 0, whose all-reduces always overlap, is said to change nothing; at
+// stage 1 it is honoured.
+TEST(CheckSupported, OverlapCommFalseAtStageZeroIsAWarning) {
+  auto w = check(R"(, "zero_optimization": {"stage": 0, "overlap_comm": false})");
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find("overlap_comm false has no effect at stage 0"), std::string::npos) << w[0];
+  EXPECT_TRUE(check(R"(, "zero_optimization": {"stage": 1, "overlap_comm": false})").empty());
+}
+
 // Optimizer offload is honoured at stages 1-3 (tests/offload/); pin_memory, which only speeds up
 // GPU copies, is said to change nothing.
 TEST(CheckSupported, OptimizerOffloadAtStages1To3) {

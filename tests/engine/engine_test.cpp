@@ -13,6 +13,7 @@
 
 #include "dscpp/engine.h"
 #include "dscpp/error.h"
+#include "dscpp/log.h"
 #include "engine/test_net.h"
 #include "support/errors.h"
 #include "support/thread_ranks.h"
@@ -315,6 +316,94 @@ TEST(Engine, ModelOutlivesItsEngine) {
     at::mse_loss(net->forward(dataset_x().narrow(0, 0, 2)), dataset_y().narrow(0, 0, 2)).backward();
     EXPECT_TRUE(net->fc1->weight.grad().defined());
   });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+}
+
+const char* const kAdamW = R"(, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}})";
+
+// The DDP habit (several backward() calls, then one step()) fails at the first surplus call, at
+// GAS 1 and inside a window of GAS 2, saying what to do; the engine goes on as if it had not
+// been made.
+TEST(Engine, BackwardWithoutStepFailsAtTheFirstSurplusCall) {
+  auto errors = run_thread_ranks(1, [&](Communicator& c) {
+    for (int gas : {1, 2}) {
+      Net net = make_net(1);
+      auto engine = initialize(net.ptr(), config_json(2 * gas, 2, kAdamW), borrowed(c));
+      auto X = dataset_x().narrow(0, 0, 2), Y = dataset_y().narrow(0, 0, 2);
+      for (int k = 0; k < gas; ++k) {
+        engine->backward(at::mse_loss(net->forward(X), Y));
+        const std::string what = testing::error_of<Error>(
+            [&] { engine->backward(at::mse_loss(net->forward(X), Y)); });
+        EXPECT_NE(what.find("backward() called again without step()"), std::string::npos)
+            << what;
+        EXPECT_NE(what.find("micro-step " + std::to_string(k + 1) + " of " + std::to_string(gas)),
+                  std::string::npos)
+            << what;
+        EXPECT_NE(what.find("call step() after every backward()"), std::string::npos) << what;
+        engine->step();
+      }
+      EXPECT_EQ(engine->global_steps(), 1) << "GAS " << gas;
+    }
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+}
+
+// A model that differs across ranks is named by its first differing parameter, even when the
+// counts of tensors and elements agree.
+TEST(Engine, ModelThatDiffersAcrossRanksNamesTheFirstDifferingParameter) {
+  auto errors = run_thread_ranks(2, [&](Communicator& c) {
+    Net net = make_net(1);
+    if (c.rank() == 1) net->fc2->bias.set_requires_grad(false);
+    const std::string what = testing::error_of<ConfigError>(
+        [&] { initialize(net.ptr(), config_json(4, 2, kAdamW), borrowed(c)); });
+    EXPECT_NE(what.find("differs across ranks"), std::string::npos) << what;
+    EXPECT_NE(what.find("first parameter that differs is number 4"), std::string::npos) << what;
+    EXPECT_NE(what.find("rank 0 has 'fc2.bias' [4] Float, rank 1 has 'fc2.bias' [4] Float frozen"),
+              std::string::npos)
+        << what;
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+}
+
+// bf16: dtype() says what the model computes in and cast_input() brings an fp32 input to it
+// (token ids stay integers), so the user's forward runs; in fp32 both are the identity.
+TEST(Engine, CastInputBringsInputsToTheTrainingDtype) {
+  auto errors = run_thread_ranks(1, [&](Communicator& c) {
+    for (bool bf16 : {false, true}) {
+      Net net = make_net(1);
+      const std::string extra = std::string(kAdamW) + (bf16 ? R"(, "bf16": {"enabled": true})" : "");
+      auto engine = initialize(net.ptr(), config_json(2, 2, extra), borrowed(c));
+      const at::ScalarType want = bf16 ? at::kBFloat16 : at::kFloat;
+      EXPECT_EQ(engine->dtype(), want);
+      auto X = dataset_x().narrow(0, 0, 2), Y = dataset_y().narrow(0, 0, 2);
+      EXPECT_EQ(engine->cast_input(X).scalar_type(), want);
+      EXPECT_EQ(engine->cast_input(at::arange(3)).scalar_type(), at::kLong);
+      at::Tensor out = net->forward(engine->cast_input(X));
+      engine->backward(at::mse_loss(out.to(at::kFloat), Y));
+      engine->step();
+      EXPECT_EQ(engine->global_steps(), 1);
+    }
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+}
+
+// The resolved config (~55 lines) is a debug line in a user's program unless asked for, so a
+// failing job's last lines are its error.
+TEST(Engine, ResolvedConfigIsLoggedOnlyWhenAskedFor) {
+  const LogLevel before = log_level();
+  set_log_level(LogLevel::info);
+  auto errors = run_thread_ranks(1, [&](Communicator& c) {
+    for (bool ask : {false, true}) {
+      Net net = make_net(1);
+      InitOptions opts = borrowed(c);
+      if (ask) opts.config_log_level = LogLevel::info;
+      ::testing::internal::CaptureStderr();
+      initialize(net.ptr(), config_json(2, 2, kAdamW), opts);
+      const std::string err = ::testing::internal::GetCapturedStderr();
+      EXPECT_EQ(err.find("resolved config") != std::string::npos, ask) << err;
+    }
+  });
+  set_log_level(before);
   for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
 }
 

@@ -18,6 +18,7 @@
 
 #include "dscpp/engine.h"
 #include "dscpp/error.h"
+#include "dscpp/log.h"
 #include "dscpp/models/gpt.h"
 #include "dscpp/safetensors.h"
 #include "dscpp/zero.h"
@@ -26,6 +27,7 @@
 #include "support/temp_dir.h"
 #include "support/thread_ranks.h"
 #include "zero/unit_functions.h"
+#include "zero/unit_policy.h"
 
 namespace dscpp {
 namespace {
@@ -401,6 +403,50 @@ TEST(EngineZero3, BackwardThatThrowsOnOneRankKeepsItsCauseAndStopsTheEngine) {
       << step_errors[1];
   EXPECT_FALSE(step_errors[0].empty()) << "rank 0 trained on as if nothing had happened";
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+}
+
+// What stage 3 says at start-up about memory it will not save: with no units, a warning that
+// names both halves of marking one and the model's own top-level modules; with units and a
+// reuse distance that keeps them all gathered (DeepSpeed's default 1e9), a warning with the
+// bytes it costs and the key that changes it; with units released after use, neither.
+TEST(EngineZero3, StartUpWarnsWhenStage3WillNotSaveParameterMemory) {
+  EXPECT_EQ(zero::top_level_modules(*make_stack_net(1)),
+            "'in' (torch::nn::LinearImpl), 'blocks.*' (3 x torch::nn::LinearImpl), "
+            "'head' (torch::nn::LinearImpl), 'tied' (torch::nn::EmbeddingImpl)");
+  const LogLevel before = log_level();
+  set_log_level(LogLevel::info);
+  struct Case {
+    zero::UnitPolicy units;
+    std::string zero;
+    std::vector<std::string> said, unsaid;
+  };
+  const std::vector<Case> cases = {
+      {{}, "", {"[warning] ZeRO stage 3 without units", "zero_optimization.leaf_module",
+                "dscpp::zero::call", "top-level modules: 'in' (torch::nn::LinearImpl), 'blocks.*'"},
+       {"{{"}},
+      {kBlocks, "", {"[warning] ZeRO stage 3: zero_optimization.stage3_max_reuse_distance 1000000000 "
+                     "is at least the", "units are kept gathered", "MiB of whole parameters per rank",
+                     "HINT: to release each unit after use"},
+       {"without units"}},
+      {kBlocks, ", \"stage3_max_reuse_distance\": 0", {}, {"without units", "kept gathered"}},
+  };
+  for (const Case& k : cases) {
+    auto errors = run_thread_ranks(1, [&](Communicator& c) {
+      StackNet net = make_stack_net(1);
+      InitOptions opts = borrowed(c);
+      opts.zero_units = k.units;
+      ::testing::internal::CaptureStderr();
+      initialize(net.ptr(),
+                 config_json(2, 2, kAdamW + zero3(", \"stage3_param_persistence_threshold\": 0" +
+                                                  k.zero)),
+                 opts);
+      const std::string err = ::testing::internal::GetCapturedStderr();
+      for (const auto& s : k.said) EXPECT_NE(err.find(s), std::string::npos) << s << "\n" << err;
+      for (const auto& s : k.unsaid) EXPECT_EQ(err.find(s), std::string::npos) << s << "\n" << err;
+    });
+    for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+  }
+  set_log_level(before);
 }
 
 TEST(EngineZero3, MisuseIsAClearError) {
