@@ -12,5 +12,6 @@ target_sources(dscpp PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/stage3.cpp
   ${CMAKE_CURRENT_LIST_DIR}/fetcher.cpp
   ${CMAKE_CURRENT_LIST_DIR}/unit_call.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/released_reads.cpp
   ${CMAKE_CURRENT_LIST_DIR}/unit_policy.cpp
   ${CMAKE_CURRENT_LIST_DIR}/init.cpp)

@@ -246,10 +246,11 @@ Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& com
       DSCPP_LOG_WARN(
           "ZeRO stage 3 without units: the whole model is one unit, kept gathered between "
           "steps, so stage 3 saves no parameter memory while the model runs. HINT: mark units "
-          "(the repeated blocks, usually), both halves: name them in the config's "
-          "zero_optimization.leaf_module (\"classes\" or \"names\") or InitOptions::zero_units, "
-          "and run each one's forward through dscpp::zero::call (docs/zero.md, \"Stage 3\"). "
-          "This model's top-level modules: {}",
+          "(the repeated blocks, usually): declare a block's holder with DSCPP_ZERO_UNIT(Block) "
+          "instead of TORCH_MODULE(Block) and call it as block(x) (include/dscpp/zero_unit.h); "
+          "or name them in the config's zero_optimization.leaf_module (\"classes\" or "
+          "\"names\") or InitOptions::zero_units and run each one's forward through "
+          "dscpp::zero::call (docs/zero.md, \"Stage 3\"). This model's top-level modules: {}",
           top_level_modules(model));
     }
     gather(0);
@@ -283,11 +284,15 @@ Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& com
         "unit)",
         units_.size(), sharded_numel, numel_, resident_layout_.numel, s3_.persistence_threshold);
   }
+  // NOTE [released reads]; debug mode's released units hold NaN, and its own check walks the
+  // graph at every backward.
+  if (!whole_model_unit_ && !s3_.debug) start_watching();
 }
 
 Stage3::~Stage3() {
   // Backward nodes and zero::call must not reach this engine any more; units the engine holds
   // whole (a whole-model unit between steps) keep their memory.
+  stop_watching();
   unregister_units();
   for (auto& u : units_) {
     try {
@@ -298,13 +303,6 @@ Stage3::~Stage3() {
 }
 
 void Stage3::find_units(torch::nn::Module& model, const UnitPolicy& policy) {
-  if (policy.empty()) {
-    whole_model_unit_ = true;
-    units_.emplace_back();
-    units_.back().module = &model;
-    units_.back().storage.name = "(the whole model)";
-    return;
-  }
   std::vector<std::string> taken;  // paths of units found so far (their subtrees are theirs)
   for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
     const std::string& path = item.key();
@@ -317,7 +315,14 @@ void Stage3::find_units(torch::nn::Module& model, const UnitPolicy& policy) {
     units_.back().module = item.value().get();
     units_.back().storage.name = path.empty() ? "(root)" : path;
   }
-  // initialize() checked that every pattern matches a module (check_each_matches).
+  // initialize() checked that every pattern matches a module (check_each_matches), so no unit
+  // means no policy and no module of a marked type (DSCPP_ZERO_UNIT).
+  if (units_.empty()) {
+    whole_model_unit_ = true;
+    units_.emplace_back();
+    units_.back().module = &model;
+    units_.back().storage.name = "(the whole model)";
+  }
 }
 
 void Stage3::register_units() {
@@ -378,13 +383,20 @@ std::vector<at::Tensor> Stage3::run_unit(int u, const detail::UnitFn& fn,
   } running{running_};
   if (!at::GradMode::is_enabled()) {
     // No backward will follow (evaluation): gather, run, release; the record is not touched.
-    request(u, /*record=*/false);
+    {
+      OwnOps own;
+      request(u, /*record=*/false);
+    }
     running_ = u;
     std::vector<at::Tensor> out = fn(inputs);
+    OwnOps own;
     if (!whole_model_unit_ && units_[u].held == 0) fetcher_.release(units_[u].storage);
     return out;
   }
-  request(u, /*record=*/true);
+  {
+    OwnOps own;
+    request(u, /*record=*/true);
+  }
   running_ = u;
   std::vector<at::Tensor> out;
   if (recompute) {
@@ -398,6 +410,7 @@ std::vector<at::Tensor> Stage3::run_unit(int u, const detail::UnitFn& fn,
     out = fn(in);
     thread_through<UnitOutputs>(out, registry_id_, u);
   }
+  OwnOps own;
   maybe_release(u);
   return out;
 }
@@ -421,6 +434,24 @@ void Stage3::check_unchanged(int u) const {
 }
 
 void Stage3::request(int u, bool record) {
+  try {
+    request_gathered(u, record);
+  } catch (const CommError& e) {
+    // Every forward and backward at stage 3 is a collective; the communicator's message names
+    // the collectives, this names the unit and the usual cause.
+    const std::string context = fmt::format(
+        "\n(stage 3: this rank was gathering unit '{}' for {}. Every forward and backward at "
+        "stage 3 is a collective: if a forward ran on some ranks only, an evaluation on rank 0 "
+        "say, run it on every rank, or open dscpp::zero::GatheredParameters on every rank and "
+        "then evaluate on one)",
+        unit_name(u),
+        at::GradMode::is_enabled() ? "a forward or backward" : "an evaluation forward (no_grad)");
+    if (dynamic_cast<const CommTimeout*>(&e)) throw CommTimeout(e.what() + context);
+    throw CommError(e.what() + context);
+  }
+}
+
+void Stage3::request_gathered(int u, bool record) {
   Unit& unit = units_[u];
   check_unchanged(u);
   if (record) {
@@ -560,6 +591,7 @@ void Stage3::on_group_complete(int group) {
 
 void Stage3::before_backward(const at::Tensor& loss) {
   raise_deferred();
+  watch_paused_ = true;
   if (s3_.debug && !whole_model_unit_) check_used_inside_units(loss);
 }
 
@@ -623,6 +655,7 @@ void Stage3::after_backward() {
   }
   dropped_ = false;
   current_.clear();
+  stop_watching();  // NOTE [released reads]: the first pass is over
   cursor_ = 0;
 }
 
@@ -670,6 +703,7 @@ void Stage3::check_order_across_ranks() {
 // ----- zero::load_weights ---------------------------------------------------------------------
 
 std::map<std::string, std::string> Stage3::load_weights(const std::string& path) {
+  OwnOps own;  // NOTE [released reads]
   safetensors::Reader reader(path);
   auto named = model_->named_parameters(/*recurse=*/true);
   std::vector<std::pair<std::string, std::vector<int64_t>>> wanted;
@@ -746,6 +780,7 @@ std::map<std::string, std::string> Stage3::load_weights(const std::string& path)
 // ----- GatheredParameters ---------------------------------------------------------------------
 
 int Stage3::open_scope(torch::nn::Module& module, std::optional<int> modifier) {
+  OwnOps own;  // NOTE [released reads]
   raise_deferred();
   DSCPP_CHECK(running_ < 0, Error, "GatheredParameters opened while stage-3 unit '",
               unit_name(running_),
@@ -788,6 +823,7 @@ int Stage3::open_scope(torch::nn::Module& module, std::optional<int> modifier) {
 }
 
 void Stage3::close_scope(int id) {
+  OwnOps own;  // NOTE [released reads]
   if (scopes_.empty() || scopes_.back().id != id) {
     // Said at the next zero::call, scope or backward: a destructor had better not throw.
     abandon_scope(id);
@@ -810,6 +846,7 @@ void Stage3::close_scope(int id) {
 }
 
 void Stage3::abandon_scope(int id) {
+  OwnOps own;  // NOTE [released reads]
   for (size_t i = scopes_.size(); i-- > 0;) {
     if (scopes_[i].id != id) continue;
     for (int u : scopes_[i].units) --units_[u].held;
@@ -845,6 +882,7 @@ void Stage3::write_back(int u, int root) {
 }
 
 void Stage3::before_update() {
+  OwnOps own;  // NOTE [released reads]
   if (whole_model_unit_) fetcher_.release(units_[0].storage);  // the step runs on the shards
 }
 
@@ -870,6 +908,7 @@ std::vector<Part> Stage3::parts() {
 }
 
 void Stage3::publish_params() {
+  OwnOps own;  // NOTE [released reads]
   // The resident group is all-gathered as at stage 2; units keep only their (updated) shards.
   if (resident_layout_.padded > 0) {
     gather_in_place(comm_, resident_flat_, resident_layout_.shard, allgather_bucket_size_);

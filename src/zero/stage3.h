@@ -32,6 +32,18 @@
 // earlier units run, and the all-gather drops its input once done. Ranks decide every all-gather
 // from the record alone, never from whether a read has finished, so collectives stay in step.
 //
+// NOTE [released reads]: libtorch modules have no forward hooks, so a unit whose forward runs
+// past zero::call (block->forward(x), a Sequential, a unit policy with no zero::call in the
+// model) reads parameters whose storage is released. Until the first backward ends, a
+// thread-local RecordFunction observer on the engine's thread looks at every op's input tensors:
+// one whose storage is a released unit's, outside that unit's call and any GatheredParameters
+// scope, is gathered on the spot (every rank's forward reaches the same op, so the all-gathers
+// stay in step) so the op reads the right values, and the unit is named in an error logged at
+// once and thrown at the next zero::call or backward (libtorch swallows an observer's
+// exceptions). Stage 3's own ops run under OwnOps, unwatched. Later passes are not watched: the
+// observer boxes every op's inputs. Debug mode is not watched either: its released units hold
+// NaN, and check_used_inside_units walks every backward's graph.
+//
 // A model with no policy is one unit, the whole model: its full parameters are kept between steps
 // (its forward runs without zero::call) and released while the optimizer steps on the shards;
 // the engine says once that parameter memory in forward is not reduced.
@@ -45,6 +57,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "dscpp/zero.h"
@@ -123,6 +136,9 @@ class Stage3 final : public Strategy {
   // Backward passed u's inputs (UnitInputs / a checkpoint's end).
   void inputs_done(int u);
 
+  // NOTE [released reads]: the observer's check of one input tensor of op `op`.
+  void check_read(const at::Tensor& t, const char* op) noexcept;
+
   // zero::load_weights (include/dscpp/zero.h): this rank's byte ranges of a safetensors file.
   std::map<std::string, std::string> load_weights(const std::string& path);
   // Bytes of tensor data the last load_weights read.
@@ -162,6 +178,8 @@ class Stage3 final : public Strategy {
   // Ensures u is gathered and its all-gather done; with `record`, records / follows the order
   // and prefetches (NOTE [stage 3 prefetch order]).
   void request(int u, bool record);
+  // request() without the context a collective's error gets.
+  void request_gathered(int u, bool record);
   void prefetch();
   // prefetch()'s all-gathers of the next requests' units.
   void gather_ahead();
@@ -188,6 +206,16 @@ class Stage3 final : public Strategy {
   void write_back(int u, int root);
   void register_units();
   void unregister_units();
+  // NOTE [released reads]: the first pass's observer, on the thread that built the engine.
+  void start_watching();
+  void stop_watching();
+  // While one lives, this thread's ops are stage 3's own (gathers, releases): not watched.
+  struct OwnOps {
+    OwnOps();
+    ~OwnOps();
+    OwnOps(const OwnOps&) = delete;
+    OwnOps& operator=(const OwnOps&) = delete;
+  };
 
   comm::Communicator& comm_;
   Stage3Options s3_;
@@ -220,6 +248,11 @@ class Stage3 final : public Strategy {
   };
   std::vector<Scope> scopes_;
   std::string deferred_error_;
+  // NOTE [released reads]
+  uint64_t watch_handle_ = 0;  // the observer (at::CallbackHandle), 0 once removed
+  bool watch_paused_ = false;  // in backward
+  std::unordered_map<const c10::StorageImpl*, int> unit_of_storage_;
+  std::vector<char> reported_;  // per unit: named already
   uint64_t last_load_bytes_ = 0;
   int next_scope_ = 0;
 

@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include <cstring>
+#include <mutex>
 #include <set>
 #include <vector>
 
@@ -27,7 +28,34 @@ bool glob_match(const char* pattern, const char* text) {
   return glob_match(pattern + 1, text + 1);
 }
 
+namespace {
+
+struct MarkedTypes {
+  std::mutex mu;
+  std::set<std::string> types;
+};
+
+MarkedTypes& marked_types() {
+  static MarkedTypes m;
+  return m;
+}
+
+}  // namespace
+
+void mark_unit_type(const std::string& type_name) {
+  MarkedTypes& m = marked_types();
+  std::lock_guard<std::mutex> g(m.mu);
+  m.types.insert(type_name);
+}
+
+bool is_marked_unit_type(const std::string& type_name) {
+  MarkedTypes& m = marked_types();
+  std::lock_guard<std::mutex> g(m.mu);
+  return m.types.count(type_name) > 0;
+}
+
 bool matches(const UnitPolicy& policy, const std::string& path, const std::string& type) {
+  if (is_marked_unit_type(type)) return true;
   for (const auto& g : policy.paths) {
     if (glob_match(g.c_str(), path.c_str())) return true;
   }

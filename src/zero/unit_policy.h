@@ -5,12 +5,16 @@
 
 #include "dscpp/config.h"
 #include "dscpp/zero.h"
+#include "dscpp/zero_unit.h"
 
 namespace dscpp::zero {
 
 // '*' matches any run of characters, '?' one.
 bool glob_match(const char* pattern, const char* text);
-// Whether the module at `path` (named_modules() key) with type name `type` is a unit.
+// Whether a type was marked a unit type (mark_unit_type, include/dscpp/zero_unit.h).
+bool is_marked_unit_type(const std::string& type_name);
+// Whether the module at `path` (named_modules() key) with type name `type` is a unit: `policy`
+// names it, or its type is marked.
 bool matches(const UnitPolicy& policy, const std::string& path, const std::string& type);
 
 // `given` (InitOptions::zero_units, zero::Init's policy) with the config's

@@ -10,6 +10,8 @@
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
 
 #include <chrono>
 #include <mutex>
@@ -22,6 +24,7 @@
 #include "dscpp/models/gpt.h"
 #include "dscpp/safetensors.h"
 #include "dscpp/zero.h"
+#include "dscpp/zero_unit.h"
 #include "engine/test_net.h"
 #include "support/errors.h"
 #include "support/temp_dir.h"
@@ -566,6 +569,159 @@ std::shared_ptr<Engine> sharded_stack_engine(Communicator& c, StackNet& net,
       net.ptr(),
       config_json(4, 2, kAdamW + extra + zero3(", \"stage3_param_persistence_threshold\": 0")),
       opts);
+}
+
+// A user's own block type made a unit in one line (DSCPP_ZERO_UNIT instead of TORCH_MODULE), with
+// a non-tensor argument beside its tensor; `bypass` calls it past its holder (->forward).
+struct MlpBlockImpl : torch::nn::Module {
+  explicit MlpBlockImpl(int64_t width) {
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})));
+    fc = register_module("fc", torch::nn::Linear(width, width));
+  }
+  at::Tensor forward(const at::Tensor& x, double scale) {
+    return x + scale * at::gelu(fc->forward(norm->forward(x)));
+  }
+  torch::nn::LayerNorm norm{nullptr};
+  torch::nn::Linear fc{nullptr};
+};
+DSCPP_ZERO_UNIT(MlpBlock);
+
+struct MlpNetImpl : torch::nn::Module {
+  MlpNetImpl() {
+    in = register_module("in", torch::nn::Linear(8, 16));
+    for (int i = 0; i < 3; ++i)
+      blocks.push_back(register_module("block" + std::to_string(i), MlpBlock(16)));
+    head = register_module("head", torch::nn::Linear(16, 4));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = in->forward(x);
+    for (auto& b : blocks) h = bypass ? b->forward(h, 0.5) : b(h, 0.5);
+    return head->forward(h);
+  }
+  torch::nn::Linear in{nullptr}, head{nullptr};
+  std::vector<MlpBlock> blocks;
+  bool bypass = false;
+};
+TORCH_MODULE(MlpNet);
+
+MlpNet make_mlp_net() {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> g(mu);
+  at::manual_seed(5);
+  return MlpNet();
+}
+
+// One unit per block with no policy at all: stage 3 trains as stage 0 does, holding one block's
+// whole parameters at a time (units released after use, no prefetch).
+TEST(EngineZero3, AUnitHolderMakesABlockTypeAUnitInOneLine) {
+  const std::string s3 = zero3(
+      ", \"stage3_param_persistence_threshold\": 0, \"stage3_max_reuse_distance\": 0, "
+      "\"stage3_prefetch_bucket_size\": 0");
+  std::vector<double> losses[2];
+  MemoryStats memory;
+  for (int stage3 : {0, 1}) {
+    auto errors = run_thread_ranks(2, [&](Communicator& c) {
+      MlpNet net = make_mlp_net();
+      auto engine = initialize(net.ptr(), config_json(4, 2, kAdamW + (stage3 ? s3 : "")),
+                               borrowed(c));
+      for (int step = 0; step < 3; ++step) {
+        auto X = dataset_x().narrow(0, 4 * step + 2 * c.rank(), 2);
+        auto Y = dataset_y().narrow(0, 4 * step + 2 * c.rank(), 2);
+        engine->backward(at::mse_loss(net->forward(X), Y));
+        engine->step();
+        if (c.rank() == 0) losses[stage3].push_back(engine->last_step().loss);
+      }
+      if (c.rank() == 0 && stage3) memory = engine->memory_stats();
+    });
+    for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+  }
+  ASSERT_EQ(losses[1].size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(losses[1][i], losses[0][i], 1e-5 * losses[0][i]);
+  // A block: LayerNorm 2 x 16 and Linear 16 x 16 + 16, fp32.
+  const int64_t block_bytes = (2 * 16 + 16 * 16 + 16) * 4;
+  EXPECT_GT(memory.gathered, 0);
+  EXPECT_LE(memory.gathered, block_bytes) << "more than one block gathered at once";
+}
+
+// A unit run past zero::call (its holder bypassed; a policy with no zero::call in the model) is
+// named at the first forward: that forward still computes the right values (no libtorch storage
+// error, no NaN), the error is logged at once and thrown at backward, naming the unit and the fix.
+TEST(EngineZero3, AUnitRunPastItsCallIsNamedAtTheFirstForward) {
+  const std::string cfg =
+      config_json(4, 2, kAdamW + zero3(", \"stage3_param_persistence_threshold\": 0"));
+  auto errors = run_thread_ranks(2, [&](Communicator& c) {
+    auto X = dataset_x().narrow(0, 2 * c.rank(), 2), Y = dataset_y().narrow(0, 2 * c.rank(), 2);
+    {
+      MlpNet net = make_mlp_net();
+      net->bypass = true;
+      at::Tensor want = net->forward(X).detach();
+      auto engine = initialize(net.ptr(), cfg, borrowed(c));
+      at::Tensor got;
+      {
+        at::NoGradGuard eval;
+        got = net->forward(X);
+      }
+      EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << "the evaluation forward's values";
+      const std::string msg = testing::error_of<Error>(
+          [&] { engine->backward(at::mse_loss(net->forward(X), Y)); });
+      EXPECT_NE(msg.find("stage-3 unit 'block0' (dscpp::(anonymous namespace)::MlpBlockImpl) "
+                         "ran outside dscpp::zero::call"),
+                std::string::npos)
+          << msg;
+      EXPECT_NE(msg.find("DSCPP_ZERO_UNIT(MlpBlock) instead of TORCH_MODULE(MlpBlock)"),
+                std::string::npos)
+          << msg;
+    }
+    {
+      // A policy names libtorch's own modules, and the model calls them directly.
+      Net net = make_net(1);
+      at::Tensor want = net->forward(X).detach();
+      InitOptions opts = borrowed(c);
+      opts.zero_units = zero::UnitPolicy{{"fc1", "fc2"}};
+      auto engine = initialize(net.ptr(), cfg, opts);
+      at::Tensor out = net->forward(X);
+      EXPECT_TRUE(at::allclose(out.detach(), want, 1e-5, 1e-6)) << "the first forward's values";
+      const std::string msg =
+          testing::error_of<Error>([&] { engine->backward(at::mse_loss(out, Y)); });
+      EXPECT_NE(msg.find("stage-3 unit 'fc1' (torch::nn::LinearImpl) ran outside "
+                         "dscpp::zero::call: aten::"),
+                std::string::npos)
+          << msg;
+      EXPECT_NE(msg.find("HINT: run its forward through dscpp::zero::call"), std::string::npos)
+          << msg;
+    }
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+}
+
+// An evaluation forward on rank 0 only (a collective at stage 3) fails on both ranks with the
+// communicator's mismatch report, plus the unit each was gathering and the usual cause.
+TEST(EngineZero3, AForwardOnSomeRanksOnlyIsNamedAsSuch) {
+  comm::CommOptions sync;
+  sync.debug_sync = true;  // the communicator compares every collective (the engine's debug off)
+  auto errors = run_thread_ranks(
+      2,
+      [&](Communicator& c) {
+        StackNet net = make_stack_net(1);
+        auto engine = sharded_stack_engine(c, net);
+        auto X = dataset_x().narrow(0, 2 * c.rank(), 2), Y = dataset_y().narrow(0, 2 * c.rank(), 2);
+        std::string msg;
+        if (c.rank() == 0) {
+          msg = testing::error_of<CommError>([&] {
+            at::NoGradGuard eval;
+            net->forward(X);
+          });
+          EXPECT_NE(msg.find("for an evaluation forward (no_grad)"), std::string::npos) << msg;
+        } else {
+          msg = testing::error_of<CommError>(
+              [&] { engine->backward(at::mse_loss(net->forward(X), Y)); });
+        }
+        EXPECT_NE(msg.find("collective mismatch"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("this rank was gathering unit 'in'"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("if a forward ran on some ranks only"), std::string::npos) << msg;
+      },
+      sync);
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
 }
 
 // Debug mode (comms_logger.debug, or DSCPP_DEBUG_SYNC=1): a released unit holds NaN instead of

@@ -1,0 +1,105 @@
+// A user's own model at ZeRO stage 3 in bf16: an MLP of Linear + LayerNorm + GELU blocks, each
+// block a stage-3 unit through one line (DSCPP_ZERO_UNIT instead of TORCH_MODULE), inputs cast to
+// the training dtype by the engine, a checkpoint saved half-way and resumed. Units are released
+// after use and one block is gathered ahead, so at most two blocks' parameters are whole at once.
+//   dscpp launch --num_procs 2 ./my_blocks CKPT_DIR            trains 60 steps, saves at step 30
+//   dscpp launch --num_procs 2 ./my_blocks CKPT_DIR --resume   loads step 30, trains to 60
+// Both print the same loss at step 60: the resumed run continues bit for bit.
+#include <ATen/ATen.h>
+#include <dscpp/engine.h>
+#include <dscpp/error.h>
+#include <dscpp/zero_unit.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+constexpr int64_t kWidth = 512;
+
+struct BlockImpl : torch::nn::Module {
+  explicit BlockImpl(int64_t width) {
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})));
+    fc = register_module("fc", torch::nn::Linear(width, width));
+  }
+  at::Tensor forward(const at::Tensor& x) { return x + at::gelu(fc->forward(norm->forward(x))); }
+  torch::nn::LayerNorm norm{nullptr};
+  torch::nn::Linear fc{nullptr};
+};
+DSCPP_ZERO_UNIT(Block);  // every Block is a stage-3 unit; block(x) runs it as one
+
+struct Mlp : torch::nn::Module {
+  Mlp() {
+    in = register_module("in", torch::nn::Linear(16, kWidth));
+    for (int i = 0; i < 3; ++i)
+      blocks.push_back(register_module("block" + std::to_string(i), Block(kWidth)));
+    out = register_module("out", torch::nn::Linear(kWidth, 1));
+  }
+  at::Tensor forward(const at::Tensor& x) {  // [b, 16] -> [b, 1]
+    at::Tensor h = in->forward(x);
+    for (auto& block : blocks) h = block(h);  // through the holder: a unit at stage 3
+    return out->forward(h);
+  }
+  torch::nn::Linear in{nullptr}, out{nullptr};
+  std::vector<Block> blocks;
+};
+
+// A fixed task: y = sum of sin over the inputs. Each (step, micro-step, rank) draws its own
+// micro-batch from a generator of its own, so a resumed run sees the same data.
+std::pair<at::Tensor, at::Tensor> batch(int64_t step, int k, int rank, int size) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(100000 * step + 100 * k + rank);
+  at::Tensor x = at::rand({size, 16}, gen) * 2 - 1;
+  return {x, at::sin(3 * x).sum(1, /*keepdim=*/true) / 4};
+}
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::cerr << "usage: my_blocks CKPT_DIR [--resume]" << std::endl;
+    return 2;
+  }
+  const std::string dir = argv[1];
+  const bool resume = argc > 2 && std::string(argv[2]) == "--resume";
+  const std::string config = R"({
+    "train_batch_size": 32, "train_micro_batch_size_per_gpu": 8, "steps_per_print": 1000,
+    "gradient_clipping": 1.0, "bf16": {"enabled": true},
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}},
+    "zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 0,
+                          "stage3_prefetch_bucket_size": 262144,
+                          "stage3_max_live_parameters": 524288}})";
+  try {
+    at::manual_seed(0);  // rank 0's initial weights are every rank's: seeded, a run repeats
+    auto model = std::make_shared<Mlp>();
+    auto engine = dscpp::initialize(model, config);
+    if (resume) engine->load_checkpoint(dir);
+    double loss = 0, first = -1;
+    while (engine->global_steps() < 60) {
+      for (int k = 0; k < engine->gradient_accumulation_steps(); ++k) {
+        auto [x, y] = batch(engine->global_steps(), k, engine->rank(),
+                            engine->train_micro_batch_size_per_gpu());
+        // bf16: the model computes in engine->dtype(); the loss in fp32.
+        at::Tensor out = model->forward(engine->cast_input(x));
+        engine->backward(at::mse_loss(out.to(at::kFloat), y));
+        engine->step();
+      }
+      loss = engine->last_step().loss;
+      if (first < 0) first = loss;
+      if (!resume && engine->global_steps() == 30) engine->save_checkpoint(dir);
+    }
+    const dscpp::MemoryStats m = engine->memory_stats();
+    if (engine->rank() == 0) {
+      const double block_mib = kWidth * kWidth * 2.0 / (1 << 20);  // fc.weight in bf16
+      std::printf(
+          "%s: loss at step %lld: %.6f (first step of this run: %.4f); gathered at most %.2f MiB "
+          "at once (one block: %.2f MiB)\n",
+          resume ? "resumed" : "trained", static_cast<long long>(engine->global_steps()), loss, first,
+          static_cast<double>(m.gathered) / (1 << 20), block_mib);
+    }
+    // Learning: the first step's loss is 0.37 with this seed, step 60's about 0.20.
+    return loss < 0.3 ? 0 : 3;
+  } catch (const dscpp::Error& e) {
+    std::cerr << e.what() << std::endl;
+    return 1;
+  }
+}
