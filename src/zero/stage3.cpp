@@ -265,7 +265,7 @@ Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& com
     // NOTE [stage 3 prefetch order]: unit u's next request after its forward is its backward,
     // the other units' requests in between; from the first unit that is nearly twice the units'
     // elements, so a reuse distance that large keeps every unit from forward to backward.
-    if (!whole_model_unit_ && units_.size() > 1 && s3_.max_reuse_distance >= padded) {
+    if (!whole_model_unit_ && units_.size() > 1 && padded > 0 && s3_.max_reuse_distance >= padded) {
       const int64_t item = static_cast<int64_t>(c10::elementSize(options_.dtype().toScalarType()));
       DSCPP_LOG_WARN(
           "ZeRO stage 3: zero_optimization.stage3_max_reuse_distance {} is at least the {} "
