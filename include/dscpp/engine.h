@@ -53,8 +53,8 @@ struct InitOptions {
   // applied optimizer step.
   std::shared_ptr<torch::optim::LRScheduler> lr_scheduler;
   // ZeRO stage 3: which submodules are units (include/dscpp/zero.h), with the config's
-  // zero_optimization.leaf_module added. Both empty: the whole model is one unit. Every pattern
-  // must match a module. Ignored below stage 3.
+  // zero_optimization.leaf_module and DSCPP_ZERO_UNIT's types added; none: the whole model is one
+  // unit. Every pattern must match a module. Ignored below stage 3.
   zero::UnitPolicy zero_units;
   // The file system save_checkpoint / load_checkpoint go through (tests inject faults); null:
   // the POSIX one. Not owned; must outlive the engine.

@@ -14,8 +14,8 @@
 //
 // Which submodules are units is a UnitPolicy: module paths as named_modules() spells them
 // ("h.0"), matched by globs ("h.*"). It is given to dscpp::initialize through
-// InitOptions::zero_units, and the config's zero_optimization.leaf_module (DeepSpeed's) adds to
-// it; a model with no policy is one unit.
+// InitOptions::zero_units, the config's zero_optimization.leaf_module (DeepSpeed's) adds to it,
+// and so do types marked by DSCPP_ZERO_UNIT (zero_unit.h); a model with no unit is one unit.
 #pragma once
 
 #include <ATen/core/Tensor.h>

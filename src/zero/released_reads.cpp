@@ -97,10 +97,10 @@ void Stage3::check_read(const at::Tensor& t, const char* op) noexcept {
           type.rfind("torch::nn::", 0) == 0
               ? call
               : fmt::format("declare its holder with DSCPP_ZERO_UNIT({0}) instead of "
-                            "TORCH_MODULE({0}) and call it through the holder, as {1}(x) "
+                            "TORCH_MODULE({0}) and call it through the holder, as block(x) "
                             "(include/dscpp/zero_unit.h; ->forward(x), torch::nn::Sequential and "
-                            "AnyModule reach the module past its holder), or {2}",
-                            holder_name(type), "block", call);
+                            "AnyModule reach the module past its holder), or {1}",
+                            holder_name(type), call);
       const std::string msg = fmt::format(
           "stage-3 unit '{}' ({}) ran outside dscpp::zero::call: {} read its parameters while "
           "the unit was released. dscpp gathered it for that read, so this forward's values are "
