@@ -72,11 +72,7 @@ std::string fmt_eta(double s) {
   return t >= 60 ? fmt::format("{}m{:02d}s", t / 60, t % 60) : fmt::format("{}s", t);
 }
 
-}  // namespace
-
-int train_main(int argc, char** argv) {
-  CLI::App app{"dscpp train: train the built-in GPT with a DeepSpeed config"};
-  TrainArgs a;
+void add_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--config", a.config, "DeepSpeed JSON config (file or JSON text)")->required();
   app.add_option("--n_layer", a.n_layer, "transformer blocks")->capture_default_str();
   app.add_option("--n_head", a.n_head, "attention heads")->capture_default_str();
@@ -111,8 +107,9 @@ int train_main(int argc, char** argv) {
   app.add_option("--log_level", a.level, "debug|info|warning|error");
   app.add_option("--device", a.device, "cpu, or cuda (cuda:LOCAL_RANK), or cuda:N")
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
-  if (!a.level.empty()) set_log_level(parse_log_level(a.level));
+}
+
+void check_args(const TrainArgs& a) {
   DSCPP_CHECK(a.steps > 0 || (a.steps == 0 && !a.save_final.empty() && !a.resume), ConfigError,
               "--steps must be > 0 (0 only with --save_final and no --resume: it writes the "
               "initial weights, for another framework to start from)");
@@ -120,10 +117,13 @@ int train_main(int argc, char** argv) {
   DSCPP_CHECK(!a.save_dir.empty() || (!a.resume && a.save_interval == 0), ConfigError,
               "--resume and --save_interval need --save_dir. HINT: --save_dir DIR");
 
-  Config config = Config::parse(a.config);
-  at::Device device(a.device);
+}
+
+// --device: cpu, cuda:N, or cuda (cuda:LOCAL_RANK modulo the GPUs this host has).
+at::Device choose_device(const std::string& name) {
+  at::Device device(name);
   DSCPP_CHECK(device.is_cpu() || (device.is_cuda() && at::hasCUDA()), ConfigError, "--device ",
-              a.device, " is not available in this build or on this host. HINT: --device cpu");
+              name, " is not available in this build or on this host. HINT: --device cpu");
   if (device.is_cuda() && !device.has_index()) {
     // One GPU per local rank (the launcher sets LOCAL_RANK and, with --include, the visible
     // devices).
@@ -131,13 +131,16 @@ int train_main(int argc, char** argv) {
     device = at::Device(at::kCUDA,
                         static_cast<c10::DeviceIndex>(detect_process_env().local_rank % gpus));
   }
-  // On the CPU "auto" means Gloo even on a host with CUDA.
-  auto comm_options = comm::CommOptions::from_config(&config);
-  if (comm_options.backend == "auto") comm_options.backend = device.is_cpu() ? "gloo" : "nccl";
-  auto comm = comm::init_from_env(comm_options);
-  const int rank = comm->rank();
+  return device;
+}
 
-  // Data first: it fixes the vocabulary and, for the built-in task, the block size.
+// The training data, opened first: it fixes the vocabulary and, for the built-in task, the block
+// size (both written into `a` when not given).
+struct TrainData {
+  std::shared_ptr<data::TokenStream> stream;
+  std::shared_ptr<data::ReverseTask> task;  // the built-in task; null with --data
+};
+TrainData open_data(TrainArgs& a) {
   std::shared_ptr<data::TokenStream> stream;
   std::shared_ptr<data::ReverseTask> task;
   if (a.data.empty()) {
@@ -157,12 +160,13 @@ int train_main(int argc, char** argv) {
   DSCPP_CHECK(a.vocab_size >= stream->vocab_size(), ConfigError, "--vocab_size ", a.vocab_size,
               " is smaller than the data's vocabulary ", stream->vocab_size());
 
-  models::GPTConfig gc;
-  gc.vocab_size = a.vocab_size;
-  gc.block_size = a.block_size;
-  gc.n_layer = a.n_layer;
-  gc.n_head = a.n_head;
-  gc.n_embd = a.n_embd;
+  return {stream, task};
+}
+
+// The GPT on `device`, with --init's weights (below stage 3; stage 3 reads them after the engine
+// is set up, zero::load_weights).
+models::GPT build_model(const TrainArgs& a, const models::GPTConfig& gc, const Config& config,
+                        const std::shared_ptr<comm::Communicator>& comm, const at::Device& device) {
   // The pre-flight check (NOTE [pre-flight] in src/engine/estimate.h) before the model exists:
   // a GPT too large for this config fails here in a second, not after minutes of building it.
   if (device.is_cpu()) {
@@ -189,47 +193,28 @@ int train_main(int argc, char** argv) {
   }
   // Below stage 3 only rank 0 reads --init (the file may exist on its host alone) and the engine
   // broadcasts rank 0's weights; at stage 3 every rank reads its own shards after set-up.
-  if (!a.init.empty() && rank == 0 && !stage3) safetensors::load_into(*model, a.init);
+  if (!a.init.empty() && comm->rank() == 0 && !stage3) safetensors::load_into(*model, a.init);
+  return model;
+}
 
-  InitOptions io;
-  io.comm = comm;
-  io.zero_units = models::GPTImpl::zero_units();  // stage 3's units (ignored below)
-  // One progress line per print interval (below); the engine's resolved config and step line are
-  // for debugging, or when the config asks for wall_clock_breakdown, which only that line shows.
-  io.detail_log_level = config.wall_clock_breakdown ? LogLevel::info : LogLevel::debug;
-  io.config_log_level = io.detail_log_level;
-  Engine engine(model.ptr(), config, io);
-  engine.set_tokens_per_sample(a.block_size);
-  if (!a.init.empty() && stage3) zero::load_weights(*model, a.init);
-  data::BatchLayout layout{engine.train_batch_size(), engine.train_micro_batch_size_per_gpu(),
-                           engine.world_size(), engine.gradient_accumulation_steps()};
-  data::Loader loader(data::Dataset(stream, a.block_size), layout, !a.no_shuffle, a.seed);
-  if (rank == 0) {
-    DSCPP_LOG_INFO("training GPT ({} parameters; {}) on {} ({} samples of {} tokens) for {} steps",
-                   gc.num_parameters(), gc.to_string(), stream->name(),
-                   loader.dataset().num_samples(), a.block_size, a.steps);
-  }
-
-  // The data position is the optimizer step (NOTE [batch split]), which the checkpoint restores;
-  // it also records what fixes the order, so a resume on other data is refused.
-  const nlohmann::json data_state = {{"data", a.data.empty() ? "built-in task" : a.data},
-                                     {"seed", a.seed},
-                                     {"shuffle", !a.no_shuffle},
-                                     {"train_batch_size", engine.train_batch_size()},
-                                     {"block_size", a.block_size}};
-  int64_t first_step = 0;
-  // Rank 0 looks for DIR/latest and tells every rank, so all of them load or none.
+// --resume: the step the checkpoint in --save_dir continues from (0 when there is none yet),
+// after checking it was trained on the same data in the same order. Rank 0 looks for
+// DIR/latest and tells every rank, so all of them load or none.
+int64_t resume(Engine& engine, const TrainArgs& a, const nlohmann::json& data_state,
+               comm::Communicator& comm, const at::Device& device) {
+  const int rank = comm.rank();
   bool have_checkpoint = false;
   if (!a.save_dir.empty()) {
     at::Tensor found =
         at::full({1}, rank == 0 && std::ifstream(a.save_dir + "/latest").good() ? 1.0f : 0.0f,
                  at::TensorOptions().device(device));
-    comm->broadcast(found, 0)->wait();
+    comm.broadcast(found, 0)->wait();
     have_checkpoint = found.item<float>() > 0;
   }
   DSCPP_CHECK(a.resume || !have_checkpoint, ConfigError, "--save_dir ", a.save_dir,
               " already holds checkpoints of a run; saving into it would replace them step by "
               "step. HINT: pass --resume to continue that run, or choose another --save_dir");
+  int64_t first_step = 0;
   if (a.resume) {
     if (have_checkpoint) {
       LoadResult got = engine.load_checkpoint(a.save_dir);
@@ -251,14 +236,17 @@ int train_main(int argc, char** argv) {
                 << std::endl;
     }
   }
-  if (!a.save_dir.empty()) catch_stop_signals();
-  auto save = [&] { engine.save_checkpoint(a.save_dir, "", {{"dscpp_train", data_state}}); };
+  return first_step;
+}
 
+// --metrics on rank 0: a JSON line per optimizer step. A resumed run continues the metrics of the
+// run it resumes, from the checkpoint's step: lines of steps after it (trained again now) are
+// dropped.
+std::ofstream open_metrics(const std::string& path, int64_t first_step) {
   std::ofstream metrics;
-  if (rank == 0 && !a.metrics.empty() && first_step > 0) {
-    // A resumed run continues the metrics of the run it resumes, from the checkpoint's step:
-    // lines of steps after it (trained again now) are dropped.
-    std::ifstream in(a.metrics);
+  if (path.empty()) return metrics;
+  if (first_step > 0) {
+    std::ifstream in(path);
     std::string line, kept;
     while (std::getline(in, line)) {
       try {
@@ -268,79 +256,49 @@ int train_main(int argc, char** argv) {
         // a torn last line of a killed run
       }
     }
-    std::ofstream(a.metrics, std::ios::trunc) << kept;
+    std::ofstream(path, std::ios::trunc) << kept;
   }
-  if (rank == 0 && !a.metrics.empty()) {
-    // A resumed run appends to the metrics of the run it continues.
-    metrics.open(a.metrics, first_step > 0 ? std::ios::app : std::ios::trunc);
-    DSCPP_CHECK(metrics.good(), IoError, "cannot write --metrics file ", a.metrics);
-  }
-  const auto start = Clock::now();
-  // Steady-state throughput excludes the first steps (allocator and thread warm-up).
-  const int64_t warmup_steps = std::max<int64_t>(0, std::min<int64_t>(5, a.steps - first_step - 1));
-  auto steady_start = start;
-  // The progress line every steps_per_print steps (DeepSpeed's key for its own step line) and at
-  // the last step.
-  const int64_t progress_every = config.steps_per_print;
-  for (int64_t s = first_step; s < a.steps; ++s) {
-    for (int64_t k = 0; k < engine.gradient_accumulation_steps(); ++k) {
-      data::Batch b = loader.micro_batch(s, rank, k);
-      at::Tensor loss = model->loss(b.inputs.to(device), b.targets.to(device));
-      engine.backward(loss);
-      engine.step();
-    }
-    if (s + 1 - first_step == warmup_steps) steady_start = Clock::now();
-    const StepStats& st = engine.last_step();
-    if (rank == 0 && metrics.is_open()) {
-      metrics << fmt::format(
-                     "{{\"step\": {}, \"loss\": {:.9g}, \"lr\": {:.9g}, \"grad_norm\": {:.9g}, "
-                     "\"samples_per_s\": {:.6g}, \"tokens_per_s\": {:.6g}, \"loss_scale\": {}, "
-                     "\"skipped\": {}}}",
-                     st.step, st.loss, st.lr, st.grad_norm, st.samples_per_s,
-                     st.samples_per_s * a.block_size, st.loss_scale, st.skipped)
-              << std::endl;  // flushed: a stopped run loses no line
-    }
-    if (!a.save_dir.empty()) {
-      if (any_rank_asked_to_stop(*comm, device)) {
-        save();
-        if (rank == 0) {
-          const int sig = g_stop_signal.load();
-          std::cout << fmt::format(
-                           "stop requested ({}): saved checkpoint {}/global_step{} after "
-                           "step {} of {}; exiting 0. Continue with --resume",
-                           sig == SIGTERM   ? "SIGTERM"
-                           : sig == SIGUSR1 ? "SIGUSR1"
-                                            : "on another rank",
-                           a.save_dir, s + 1, s + 1, a.steps)
-                    << std::endl;
-        }
-        comm->barrier()->wait();
-        return 0;
-      }
-      if ((a.save_interval > 0 && (s + 1) % a.save_interval == 0) || s + 1 == a.steps) {
-        save();
-      }
-    }
-    if (rank != 0) continue;
-    if ((s + 1) % progress_every == 0 || s + 1 == a.steps) {
-      double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-      const int64_t done = s + 1 - first_step;  // steps this run
-      double tok_s = done * engine.train_batch_size() * a.block_size / elapsed;
-      std::cout << fmt::format(
-                       "step {:>{}}/{} | loss {:.4f} | lr {:.3e} | {:.0f} tokens/s | ETA {} | "
-                       "peak RSS {:.0f} MiB{}",
-                       s + 1, std::to_string(a.steps).size(), a.steps, st.loss, st.lr, tok_s,
-                       fmt_eta(elapsed / done * (a.steps - s - 1)), peak_rss_bytes() / kMiB,
-                       st.skipped ? " | fp16 overflow: step skipped" : "")
-                << std::endl;
-    }
-  }
-  if (!a.save_dir.empty()) {
-    // Training is over: a stop signal ends the process again, as without --save_dir.
-    for (int sig : {SIGTERM, SIGUSR1}) ::signal(sig, SIG_DFL);
-  }
-  const auto end = Clock::now();
-  const double steady_s = std::chrono::duration<double>(end - steady_start).count();
+  metrics.open(path, first_step > 0 ? std::ios::app : std::ios::trunc);
+  DSCPP_CHECK(metrics.good(), IoError, "cannot write --metrics file ", path);
+  return metrics;
+}
+
+// One JSON line of --metrics, flushed: a stopped run loses no line.
+void write_metrics(std::ofstream& metrics, const StepStats& st, int64_t block_size) {
+  metrics << fmt::format(
+                 "{{\"step\": {}, \"loss\": {:.9g}, \"lr\": {:.9g}, \"grad_norm\": {:.9g}, "
+                 "\"samples_per_s\": {:.6g}, \"tokens_per_s\": {:.6g}, \"loss_scale\": {}, "
+                 "\"skipped\": {}}}",
+                 st.step, st.loss, st.lr, st.grad_norm, st.samples_per_s,
+                 st.samples_per_s * block_size, st.loss_scale, st.skipped)
+          << std::endl;
+}
+
+// A stop signal reached some rank: the checkpoint just saved, and how to continue.
+void say_stopped(const TrainArgs& a, int64_t step) {
+  const int sig = g_stop_signal.load();
+  std::cout << fmt::format(
+                   "stop requested ({}): saved checkpoint {}/global_step{} after "
+                   "step {} of {}; exiting 0. Continue with --resume",
+                   sig == SIGTERM   ? "SIGTERM"
+                   : sig == SIGUSR1 ? "SIGUSR1"
+                                    : "on another rank",
+                   a.save_dir, step, step, a.steps)
+            << std::endl;
+}
+
+// The wall clock of the training loop.
+struct Timing {
+  Clock::time_point start, steady_start, end;
+  int64_t warmup_steps = 0;  // excluded from the steady-state throughput
+};
+
+// After training: memory, fp16's skipped steps, throughput and train time.
+void report(Engine& engine, const TrainArgs& a, const models::GPTConfig& gc, int rank,
+            int64_t first_step, const Timing& t) {
+  const double steady_s = std::chrono::duration<double>(t.end - t.steady_start).count();
+  const int64_t warmup_steps = t.warmup_steps;
+  const auto start = t.start, end = t.end;
   const MemoryStats mem = engine.memory_stats();
   std::cout << fmt::format(
                    "rank {}: peak RSS {:.1f} MiB; model states {:.2f} MiB (params {:.2f}, "
@@ -389,23 +347,131 @@ int train_main(int argc, char** argv) {
                      rank, mem.gathered / kMiB)
               << std::endl;
   }
-  if ((task && a.eval_problems > 0) || !a.save_final.empty()) {
-    // Every rank's parameters whole for the evaluation and the save (at ZeRO stage 3 a collective
-    // that gathers every unit, so only when asked for: a model trained because it does not fit
-    // would not fit gathered; below stage 3 nothing happens).
-    zero::GatheredParameters whole(*model);
-    if (rank == 0 && task) {
-      auto held_out = data::ReverseTask(task->options().held_out_set(a.eval_problems));
-      auto acc = data::accuracy(*model, held_out, a.eval_problems);
-      std::cout << fmt::format(
-                       "held-out accuracy: {:.2f}% of answer tokens, {:.2f}% of whole "
-                       "answers ({} problems)",
-                       100 * acc.token_accuracy, 100 * acc.sequence_accuracy, acc.problems)
-                << std::endl;
-    }
-    if (rank == 0 && !a.save_final.empty())
-      safetensors::save(*model, a.save_final, gc.to_metadata());
+}
+
+// The held-out accuracy of the built-in task, and --save_final.
+void evaluate_and_save(models::GPT& model, const TrainArgs& a, const models::GPTConfig& gc,
+                       const TrainData& d, int rank) {
+  const auto& task = d.task;
+  if (!(task && a.eval_problems > 0) && a.save_final.empty()) return;
+  // Every rank's parameters whole for the evaluation and the save (at ZeRO stage 3 a collective
+  // that gathers every unit, so only when asked for: a model trained because it does not fit
+  // would not fit gathered; below stage 3 nothing happens).
+  zero::GatheredParameters whole(*model);
+  if (rank == 0 && task) {
+    auto held_out = data::ReverseTask(task->options().held_out_set(a.eval_problems));
+    auto acc = data::accuracy(*model, held_out, a.eval_problems);
+    std::cout << fmt::format(
+                     "held-out accuracy: {:.2f}% of answer tokens, {:.2f}% of whole "
+                     "answers ({} problems)",
+                     100 * acc.token_accuracy, 100 * acc.sequence_accuracy, acc.problems)
+              << std::endl;
   }
+  if (rank == 0 && !a.save_final.empty())
+    safetensors::save(*model, a.save_final, gc.to_metadata());
+}
+
+}  // namespace
+
+int train_main(int argc, char** argv) {
+  CLI::App app{"dscpp train: train the built-in GPT with a DeepSpeed config"};
+  TrainArgs a;
+  add_options(app, a);
+  CLI11_PARSE(app, argc, argv);
+  if (!a.level.empty()) set_log_level(parse_log_level(a.level));
+  check_args(a);
+  Config config = Config::parse(a.config);
+  const at::Device device = choose_device(a.device);
+  // On the CPU "auto" means Gloo even on a host with CUDA.
+  auto comm_options = comm::CommOptions::from_config(&config);
+  if (comm_options.backend == "auto") comm_options.backend = device.is_cpu() ? "gloo" : "nccl";
+  auto comm = comm::init_from_env(comm_options);
+  const int rank = comm->rank();
+
+  const TrainData d = open_data(a);
+  models::GPTConfig gc;
+  gc.vocab_size = a.vocab_size;
+  gc.block_size = a.block_size;
+  gc.n_layer = a.n_layer;
+  gc.n_head = a.n_head;
+  gc.n_embd = a.n_embd;
+  models::GPT model = build_model(a, gc, config, comm, device);
+
+  InitOptions io;
+  io.comm = comm;
+  io.zero_units = models::GPTImpl::zero_units();  // stage 3's units (ignored below)
+  // One progress line per print interval (below); the engine's resolved config and step line are
+  // for debugging, or when the config asks for wall_clock_breakdown, which only that line shows.
+  io.detail_log_level = config.wall_clock_breakdown ? LogLevel::info : LogLevel::debug;
+  io.config_log_level = io.detail_log_level;
+  Engine engine(model.ptr(), config, io);
+  engine.set_tokens_per_sample(a.block_size);
+  if (!a.init.empty() && config.zero_optimization.stage == 3) zero::load_weights(*model, a.init);
+  data::BatchLayout layout{engine.train_batch_size(), engine.train_micro_batch_size_per_gpu(),
+                           engine.world_size(), engine.gradient_accumulation_steps()};
+  data::Loader loader(data::Dataset(d.stream, a.block_size), layout, !a.no_shuffle, a.seed);
+  if (rank == 0) {
+    DSCPP_LOG_INFO("training GPT ({} parameters; {}) on {} ({} samples of {} tokens) for {} steps",
+                   gc.num_parameters(), gc.to_string(), d.stream->name(),
+                   loader.dataset().num_samples(), a.block_size, a.steps);
+  }
+
+  // The data position is the optimizer step (NOTE [batch split]), which the checkpoint restores;
+  // it also records what fixes the order, so a resume on other data is refused.
+  const nlohmann::json data_state = {{"data", a.data.empty() ? "built-in task" : a.data},
+                                     {"seed", a.seed},
+                                     {"shuffle", !a.no_shuffle},
+                                     {"train_batch_size", engine.train_batch_size()},
+                                     {"block_size", a.block_size}};
+  const int64_t first_step = resume(engine, a, data_state, *comm, device);
+  if (!a.save_dir.empty()) catch_stop_signals();
+  auto save = [&] { engine.save_checkpoint(a.save_dir, "", {{"dscpp_train", data_state}}); };
+  std::ofstream metrics = rank == 0 ? open_metrics(a.metrics, first_step) : std::ofstream();
+
+  Timing t;
+  t.start = t.steady_start = Clock::now();
+  // Steady-state throughput excludes the first steps (allocator and thread warm-up).
+  t.warmup_steps = std::max<int64_t>(0, std::min<int64_t>(5, a.steps - first_step - 1));
+  for (int64_t s = first_step; s < a.steps; ++s) {
+    for (int64_t k = 0; k < engine.gradient_accumulation_steps(); ++k) {
+      data::Batch b = loader.micro_batch(s, rank, k);
+      at::Tensor loss = model->loss(b.inputs.to(device), b.targets.to(device));
+      engine.backward(loss);
+      engine.step();
+    }
+    if (s + 1 - first_step == t.warmup_steps) t.steady_start = Clock::now();
+    const StepStats& st = engine.last_step();
+    if (metrics.is_open()) write_metrics(metrics, st, a.block_size);
+    if (!a.save_dir.empty()) {
+      if (any_rank_asked_to_stop(*comm, device)) {
+        save();
+        if (rank == 0) say_stopped(a, s + 1);
+        comm->barrier()->wait();
+        return 0;
+      }
+      if ((a.save_interval > 0 && (s + 1) % a.save_interval == 0) || s + 1 == a.steps) save();
+    }
+    // The progress line every steps_per_print steps (DeepSpeed's key for its own step line) and
+    // at the last step.
+    if (rank != 0 || ((s + 1) % config.steps_per_print != 0 && s + 1 != a.steps)) continue;
+    const double elapsed = std::chrono::duration<double>(Clock::now() - t.start).count();
+    const int64_t done = s + 1 - first_step;  // steps this run
+    const double tok_s = done * engine.train_batch_size() * a.block_size / elapsed;
+    std::cout << fmt::format(
+                     "step {:>{}}/{} | loss {:.4f} | lr {:.3e} | {:.0f} tokens/s | ETA {} | "
+                     "peak RSS {:.0f} MiB{}",
+                     s + 1, std::to_string(a.steps).size(), a.steps, st.loss, st.lr, tok_s,
+                     fmt_eta(elapsed / done * (a.steps - s - 1)), peak_rss_bytes() / kMiB,
+                     st.skipped ? " | fp16 overflow: step skipped" : "")
+              << std::endl;
+  }
+  // Training is over: a stop signal ends the process again, as without --save_dir.
+  if (!a.save_dir.empty()) {
+    for (int sig : {SIGTERM, SIGUSR1}) ::signal(sig, SIG_DFL);
+  }
+  t.end = Clock::now();
+  report(engine, a, gc, rank, first_step, t);
+  evaluate_and_save(model, a, gc, d, rank);
   comm->barrier()->wait();
   return 0;
 }

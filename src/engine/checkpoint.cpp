@@ -29,8 +29,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using NamedShapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+using precision::kValues;
 
-constexpr const char* kValues = "fp32";  // the state name of the fp32 values
 constexpr const char* kRngCpu = "rng/cpu";
 constexpr const char* kRngCuda = "rng/cuda";
 
@@ -115,43 +115,6 @@ std::string EngineImpl::agree_on_tag(const std::string& tag) {
   return agreed;
 }
 
-at::Tensor EngineImpl::part_values(const std::vector<zero::Part>& parts, int64_t offset,
-                                   int64_t n) const {
-  if (master_) return master_->weights().narrow(0, offset, n);
-  for (const auto& p : parts) {  // fp32 training: the parameters are the values
-    if (p.params.defined() && offset >= p.offset && offset + n <= p.offset + p.numel())
-      return p.params.narrow(0, offset - p.offset, n);
-  }
-  DSCPP_FAIL(Error, "internal: elements [", offset, ", ", offset + n, ") lie in no part");
-}
-
-void EngineImpl::publish_swapped_values(const std::vector<zero::Part>& parts) {
-  // The fp32 weights in the swap file (mixed precision, or parameters on disk): the parameters
-  // are cast from them, 16 MiB at a time (otherwise the parameters are the values already).
-  const int t = swap_index(kValues);
-  if (t >= 0) {
-    constexpr int64_t kPiece = int64_t{1} << 22;
-    at::Tensor buffer = at::empty({kPiece}, at::kFloat);
-    for (const auto& p : parts) {
-      for (int64_t off = 0; off < p.numel(); off += kPiece) {
-        const int64_t n = std::min(kPiece, p.numel() - off);
-        at::Tensor b = buffer.narrow(0, 0, n);
-        swapper_->read(t, p.offset + off, b);
-        p.store(off, b);
-      }
-    }
-  }
-  swapper_->flush();
-}
-
-int EngineImpl::swap_index(const std::string& what) const {
-  if (!swapper_) return -1;
-  if (what == kValues) return weights_swapped_ ? 0 : -1;  // else the parameters are
-  const auto& names = swapper_->names();
-  const auto it = std::find(names.begin(), names.end(), what);
-  return it == names.end() ? -1 : static_cast<int>(it - names.begin());
-}
-
 std::vector<safetensors::StreamedTensor> EngineImpl::checkpoint_tensors() {
   std::vector<safetensors::StreamedTensor> out;
   auto held = [&](std::string name, const at::Tensor& t) {
@@ -174,22 +137,21 @@ std::vector<safetensors::StreamedTensor> EngineImpl::checkpoint_tensors() {
     // What lives in the swap file (offload: stages 1-3, where the part is exactly the slice) is
     // streamed from it into the file, a piece at a time.
     auto swapped = [&](const std::string& what) {
-      const int t = swap_index(what);
       DSCPP_CHECK(g.begin == lo && g.length == S, Error,
                   "internal: an offloaded part is not this rank's slice");
       out.push_back({checkpoint::slice_tensor_name(g.name, what), at::Tensor(), S,
-                     [this, t, base = g.part_offset](int64_t off, const at::Tensor& dst) {
-                       swapper_->read(t, base + off, dst);
+                     [this, what, base = g.part_offset](int64_t off, const at::Tensor& dst) {
+                       store_->read(what, base + off, dst);
                      }});
     };
-    if (swap_index(kValues) >= 0) {
+    if (store_->on_disk(kValues)) {
       swapped(kValues);
     } else {
       held(checkpoint::slice_tensor_name(g.name, kValues),
-           slice(part_values(parts, g.part_offset, g.length)));
+           slice(store_->values(parts, g.part_offset, g.length)));
     }
     for (const auto& [name, state] : states) {
-      if (swap_index(name) >= 0) {
+      if (store_->on_disk(name)) {
         swapped(name);
       } else {
         held(checkpoint::slice_tensor_name(g.name, name),
@@ -310,90 +272,128 @@ std::string EngineImpl::save_checkpoint(const std::string& dir, const std::strin
 
 LoadResult EngineImpl::load_checkpoint(const std::string& dir, const std::string& tag_given,
                                        const LoadOptions& opts) {
+  // Nothing of this engine's state changes until every rank has found the checkpoint, checked it
+  // fits, and proven every file whole (1-2).
   const auto t0 = Clock::now();
   check_checkpointable("load_checkpoint");
-  const int rank = comm_->rank(), world = comm_->world_size();
-  const bool module_only = opts.load_module_only;
-  const bool load_states = opts.load_optimizer_states && !module_only;
-  const std::vector<zero::CheckpointGroup> groups = strategy_->checkpoint_groups();
-  const auto replicated = replicated_tensors(*model_);
-  const auto states = optimizer_->state();
+  const LoadSource src = find_checkpoint(dir, tag_given, opts);  // 1.
+  check_whole(src);                                              // 2.
+  const uint64_t bytes_read = read_rank_state(src, opts);        // 3.
+  publish_loaded_values();                                       // 4.
+  restore_counters(src.manifest, opts);                          // 5.
+  abandon_window();  // the next window starts now
+  const checkpoint::Manifest& m = src.manifest;
+  const int world = comm_->world_size();
+  if (comm_->rank() == 0) {
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    DSCPP_LOG_INFO(
+        "loaded checkpoint {} (saved at {} rank(s), ZeRO stage {}, {}) at {} rank(s), stage {}: "
+        "optimizer step {}; rank 0 read {:.1f} MiB in {:.2f} s{}",
+        src.folder, m.world_size, m.stage, m.dtype, world, config_.zero_optimization.stage,
+        global_steps_, bytes_read / 1048576.0, s,
+        !opts.load_module_only && m.world_size != world
+            ? "; random generators start afresh (other world size)"
+            : "");
+  }
+  // The step counter moved: profile the window flops_profiler.profile_step names from here.
+  profiler_.reset();
+  start_profiler_if_due();
+  return LoadResult{src.folder, m.client_state};
+}
 
-  // 1. Find the checkpoint (rank 0 resolves the tag, so every rank loads the same one even if
+EngineImpl::LoadSource EngineImpl::find_checkpoint(const std::string& dir,
+                                                   const std::string& tag_given,
+                                                   const LoadOptions& opts) {
+  // Find the checkpoint (rank 0 resolves the tag, so every rank loads the same one even if
   // `latest` moves or they were given different tags), read its manifest, and check that it
   // fits this model and optimizer, before a byte of state is read.
-  std::string tag, folder;
-  checkpoint::Manifest m;
+  std::string tag;
   on_every_rank("finding a checkpoint in '" + dir + "'", [&] {
-    if (rank == 0) tag = checkpoint::resolve_tag(dir, tag_given, file_system_);
+    if (comm_->rank() == 0) tag = checkpoint::resolve_tag(dir, tag_given, file_system_);
   });
   tag = broadcast_string(*comm_, tag, strategy_->options().device());
-  on_every_rank("loading checkpoint '" + dir + "/" + tag + "'", [&] {
-    folder = dir + "/" + tag;
-    m = checkpoint::read_manifest(dir, tag, file_system_);
-    const std::string source = folder + "/manifest.json";
-    NamedShapes wanted, held;
-    for (const auto& g : groups)
-      for (size_t i = 0; i < g.names.size(); ++i) wanted.emplace_back(g.names[i], g.shapes[i]);
-    for (const auto& [name, t] : replicated) wanted.emplace_back(name, t.sizes().vec());
-    for (const auto& g : m.groups)
-      for (const auto& p : g.parameters) held.emplace_back(p.name, p.shape);
-    for (const auto& r : m.replicated) held.emplace_back(r.name, r.shape);
-    if (!opts.load_module_strict) {
-      // Only the names both have must agree in shape.
-      std::map<std::string, std::vector<int64_t>> held_shapes(held.begin(), held.end());
-      NamedShapes common_wanted, common_held;
-      for (const auto& [name, shape] : wanted) {
-        auto it = held_shapes.find(name);
-        if (it == held_shapes.end()) continue;
-        common_wanted.emplace_back(name, shape);
-        common_held.emplace_back(name, it->second);
-      }
-      wanted = std::move(common_wanted);
-      held = std::move(common_held);
-    }
-    safetensors::check_matches(wanted, held, source);
-    // A name that is trainable on one side and frozen or a buffer on the other is kept apart by
-    // the layout (flat groups vs rank 0's module/ tensors): refused rather than left unloaded.
-    std::set<std::string> trainable_now, trainable_saved;
-    for (const auto& g : groups) trainable_now.insert(g.names.begin(), g.names.end());
-    for (const auto& g : m.groups)
-      for (const auto& p : g.parameters) trainable_saved.insert(p.name);
-    std::string moved;
-    for (const auto& [name, t] : replicated)
-      if (trainable_saved.count(name))
-        moved += "\n  '" + name + "': trainable when saved, frozen or a buffer now";
-    for (const auto& r : m.replicated)
-      if (trainable_now.count(r.name))
-        moved += "\n  '" + r.name + "': frozen or a buffer when saved, trainable now";
-    DSCPP_CHECK(
-        moved.empty(), CheckpointError, "checkpoint '", folder,
-        "' does not fit this model: parameters changed between trainable and frozen:", moved,
-        "\nHINT: load it with the model as it was saved, then freeze or unfreeze; or "
-        "consolidate it with dscpp zero-to-fp32 and load that with safetensors::load_into");
-    if (load_states) {
-      DSCPP_CHECK(m.optimizer == optimizer_->name(), CheckpointError, "checkpoint '", folder,
-                  "' holds the state of optimizer ", m.optimizer, ", this engine runs ",
-                  optimizer_->name(),
-                  ". HINT: pass LoadOptions::load_optimizer_states = false to start the "
-                  "optimizer's state afresh from the loaded weights");
-      for (const auto& [name, state] : states) {
-        DSCPP_CHECK(std::find(m.states.begin(), m.states.end(), name) != m.states.end(),
-                    CheckpointError, "checkpoint '", folder, "' has no optimizer state '", name,
-                    "'");
-      }
-    }
-    if (opts.load_lr_scheduler_states && !module_only && !m.lr_scheduler.empty()) {
-      const std::string saved = m.lr_scheduler.value("type", "");
-      DSCPP_CHECK(saved == lr_schedule_->name(), CheckpointError, "checkpoint '", folder,
-                  "' holds the position of LR schedule ", saved, ", this engine runs ",
-                  lr_schedule_->name(),
-                  ". HINT: pass LoadOptions::load_lr_scheduler_states = false to start the "
-                  "schedule over");
-    }
+  LoadSource src{dir, dir + "/" + tag, {}};
+  on_every_rank("loading checkpoint '" + src.folder + "'", [&] {
+    src.manifest = checkpoint::read_manifest(dir, tag, file_system_);
+    check_checkpoint_fits(src, opts);
   });
+  return src;
+}
 
-  // 2. Prove every file whole (size and CRC-32C against the manifest). The ranks share the
+void EngineImpl::check_checkpoint_fits(const LoadSource& src, const LoadOptions& opts) {
+  const std::string& folder = src.folder;
+  const checkpoint::Manifest& m = src.manifest;
+  const bool load_states = opts.load_optimizer_states && !opts.load_module_only;
+  const std::vector<zero::CheckpointGroup> groups = strategy_->checkpoint_groups();
+  const auto replicated = replicated_tensors(*model_);
+  const std::string source = folder + "/manifest.json";
+  NamedShapes wanted, held;
+  for (const auto& g : groups)
+    for (size_t i = 0; i < g.names.size(); ++i) wanted.emplace_back(g.names[i], g.shapes[i]);
+  for (const auto& [name, t] : replicated) wanted.emplace_back(name, t.sizes().vec());
+  for (const auto& g : m.groups)
+    for (const auto& p : g.parameters) held.emplace_back(p.name, p.shape);
+  for (const auto& r : m.replicated) held.emplace_back(r.name, r.shape);
+  if (!opts.load_module_strict) {
+    // Only the names both have must agree in shape.
+    std::map<std::string, std::vector<int64_t>> held_shapes(held.begin(), held.end());
+    NamedShapes common_wanted, common_held;
+    for (const auto& [name, shape] : wanted) {
+      auto it = held_shapes.find(name);
+      if (it == held_shapes.end()) continue;
+      common_wanted.emplace_back(name, shape);
+      common_held.emplace_back(name, it->second);
+    }
+    wanted = std::move(common_wanted);
+    held = std::move(common_held);
+  }
+  safetensors::check_matches(wanted, held, source);
+  // A name that is trainable on one side and frozen or a buffer on the other is kept apart by
+  // the layout (flat groups vs rank 0's module/ tensors): refused rather than left unloaded.
+  std::set<std::string> trainable_now, trainable_saved;
+  for (const auto& g : groups) trainable_now.insert(g.names.begin(), g.names.end());
+  for (const auto& g : m.groups)
+    for (const auto& p : g.parameters) trainable_saved.insert(p.name);
+  std::string moved;
+  for (const auto& [name, t] : replicated)
+    if (trainable_saved.count(name))
+      moved += "\n  '" + name + "': trainable when saved, frozen or a buffer now";
+  for (const auto& r : m.replicated)
+    if (trainable_now.count(r.name))
+      moved += "\n  '" + r.name + "': frozen or a buffer when saved, trainable now";
+  DSCPP_CHECK(
+      moved.empty(), CheckpointError, "checkpoint '", folder,
+      "' does not fit this model: parameters changed between trainable and frozen:", moved,
+      "\nHINT: load it with the model as it was saved, then freeze or unfreeze; or "
+      "consolidate it with dscpp zero-to-fp32 and load that with safetensors::load_into");
+  if (load_states) {
+    DSCPP_CHECK(m.optimizer == optimizer_->name(), CheckpointError, "checkpoint '", folder,
+                "' holds the state of optimizer ", m.optimizer, ", this engine runs ",
+                optimizer_->name(),
+                ". HINT: pass LoadOptions::load_optimizer_states = false to start the "
+                "optimizer's state afresh from the loaded weights");
+    for (const auto& [name, state] : optimizer_->state()) {
+      DSCPP_CHECK(std::find(m.states.begin(), m.states.end(), name) != m.states.end(),
+                  CheckpointError, "checkpoint '", folder, "' has no optimizer state '", name,
+                  "'");
+    }
+  }
+  if (opts.load_lr_scheduler_states && !opts.load_module_only && !m.lr_scheduler.empty()) {
+    const std::string saved = m.lr_scheduler.value("type", "");
+    DSCPP_CHECK(saved == lr_schedule_->name(), CheckpointError, "checkpoint '", folder,
+                "' holds the position of LR schedule ", saved, ", this engine runs ",
+                lr_schedule_->name(),
+                ". HINT: pass LoadOptions::load_lr_scheduler_states = false to start the "
+                "schedule over");
+  }
+}
+
+void EngineImpl::check_whole(const LoadSource& src) {
+  const std::string& dir = src.dir;
+  const std::string& folder = src.folder;
+  const checkpoint::Manifest& m = src.manifest;
+  const int rank = comm_->rank(), world = comm_->world_size();
+  // Prove every file whole (size and CRC-32C against the manifest). The ranks share the
   // reading: rank r checks files r, r + world, ...; all then know every damaged file.
   // Each file's checkpoint::FileCheck::Problem, summed over ranks (one rank checks each file).
   at::Tensor damaged =
@@ -420,8 +420,19 @@ LoadResult EngineImpl::load_checkpoint(const std::string& dir, const std::string
   }
   DSCPP_CHECK(listed.empty(), CheckpointError, "checkpoint '", folder,
               "' is damaged; nothing was loaded:", listed);
+}
 
-  // 3. Read what this rank now holds: for each parameter, the elements of it in this rank's
+uint64_t EngineImpl::read_rank_state(const LoadSource& src, const LoadOptions& opts) {
+  const std::string& dir = src.dir;
+  const std::string& folder = src.folder;
+  const checkpoint::Manifest& m = src.manifest;
+  const int rank = comm_->rank(), world = comm_->world_size();
+  const bool module_only = opts.load_module_only;
+  const bool load_states = opts.load_optimizer_states && !module_only;
+  const std::vector<zero::CheckpointGroup> groups = strategy_->checkpoint_groups();
+  const auto replicated = replicated_tensors(*model_);
+  const auto states = optimizer_->state();
+  // Read what this rank now holds: for each parameter, the elements of it in this rank's
   // part, from whichever files the manifest says hold them (reads_for). Padding stays zero.
   uint64_t bytes_read = 0;
   on_every_rank("reading checkpoint '" + folder + "'", [&] {
@@ -433,15 +444,13 @@ LoadResult EngineImpl::load_checkpoint(const std::string& dir, const std::string
       // file, through a buffer of the slice read.
       struct Target {
         std::string name;
-        at::Tensor memory;  // [g.length]; undefined: swap file tensor `swap`
-        int swap = -1;
+        at::Tensor memory;  // [g.length]; undefined: on disk, written through the store
       };
       auto target = [&](const std::string& name, auto memory) {
-        const int t = swap_index(name);
-        return t >= 0 ? Target{name, at::Tensor(), t} : Target{name, memory(), -1};
+        return store_->on_disk(name) ? Target{name, at::Tensor()} : Target{name, memory()};
       };
       std::vector<Target> targets{
-          target(kValues, [&] { return part_values(parts, g.part_offset, g.length); })};
+          target(kValues, [&] { return store_->values(parts, g.part_offset, g.length); })};
       if (load_states) {
         for (const auto& [name, state] : states) {
           targets.push_back(
@@ -463,7 +472,7 @@ LoadResult EngineImpl::load_checkpoint(const std::string& dir, const std::string
             } else {
               at::Tensor buffer = at::empty({r.numel}, at::kFloat);
               reader[r.rank].read(name, r.position, buffer);
-              swapper_->write(t.swap, g.part_offset + at_, buffer);
+              store_->write(t.name, g.part_offset + at_, buffer);
             }
           }
         }
@@ -493,31 +502,33 @@ LoadResult EngineImpl::load_checkpoint(const std::string& dir, const std::string
     }
     bytes_read = reader.bytes_read();
   });
+  return bytes_read;
+}
 
-  // 4. The training-dtype parameters from the loaded values, on every rank (stages 1-3: the
+void EngineImpl::publish_loaded_values() {
+  // The training-dtype parameters from the loaded values, on every rank (stages 1-3: the
   // shards are all-gathered, as after an optimizer step).
-  {
-    at::NoGradGuard no_grad;
-    const std::vector<zero::Part> parts = strategy_->parts();
-    on_every_rank("casting the loaded values into the parameters", [&] {
+  at::NoGradGuard no_grad;
+  const std::vector<zero::Part> parts = strategy_->parts();
+  on_every_rank("casting the loaded values into the parameters", [&] {
+    try {
+      store_->publish(parts);
+      zero::finish_stores(parts);  // parameters on disk (offload_param)
+    } catch (...) {
       try {
-        if (master_) master_->publish(parts);
-        if (swapper_) publish_swapped_values(parts);
-        zero::finish_stores(parts);  // parameters on disk (offload_param)
+        zero::finish_stores(parts);  // nothing may still be writing from a buffer
       } catch (...) {
-        try {
-          zero::finish_stores(parts);  // nothing may still be writing from a buffer
-        } catch (...) {
-        }
-        throw;
       }
-    });
-    strategy_->before_update();
-    strategy_->publish_params();
-  }
+      throw;
+    }
+  });
+  strategy_->before_update();
+  strategy_->publish_params();
+}
 
-  // 5. The counters, the schedule's position and the loss scale.
-  if (!module_only) {
+void EngineImpl::restore_counters(const checkpoint::Manifest& m, const LoadOptions& opts) {
+  // The counters, the schedule's position and the loss scale.
+  if (!opts.load_module_only) {
     const auto& c = m.counters;
     global_steps_ = c.value("global_steps", int64_t{0});
     comm_->set_step(global_steps_);
@@ -541,22 +552,6 @@ LoadResult EngineImpl::load_checkpoint(const std::string& dir, const std::string
       scaler_->load_state(st);
     }
   }
-  abandon_window();  // the next window starts now
-  if (rank == 0) {
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    DSCPP_LOG_INFO(
-        "loaded checkpoint {} (saved at {} rank(s), ZeRO stage {}, {}) at {} rank(s), stage {}: "
-        "optimizer step {}; rank 0 read {:.1f} MiB in {:.2f} s{}",
-        folder, m.world_size, m.stage, m.dtype, world, config_.zero_optimization.stage,
-        global_steps_, bytes_read / 1048576.0, s,
-        !module_only && m.world_size != world
-            ? "; random generators start afresh (other world size)"
-            : "");
-  }
-  // The step counter moved: profile the window flops_profiler.profile_step names from here.
-  profiler_.reset();
-  start_profiler_if_due();
-  return LoadResult{folder, m.client_state};
 }
 
 }  // namespace dscpp::engine

@@ -5,8 +5,8 @@
 //   step.cpp    backward(), step(), flush_accumulation(): the step's order of events
 //   checkpoint.cpp  save_checkpoint(), load_checkpoint() (docs/checkpoint.md)
 //   every_rank.cpp  on_every_rank(): a step whose failure on any rank every rank learns
-// The ZeRO stage itself is a zero::Strategy (src/zero/strategy.h); mixed precision's master
-// weights and loss scaler live in src/precision/.
+// The ZeRO stage itself is a zero::Strategy (src/zero/strategy.h); where the part's fp32 values
+// live is a precision::PartStore (src/precision/part_store.h), the loss scaler in src/precision/.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -16,19 +16,22 @@
 #include <memory>
 #include <string>
 
+#include "checkpoint/manifest.h"
 #include "dscpp/engine.h"
 #include "dscpp/lr_schedule.h"
 #include "dscpp/optim.h"
 #include "dscpp/safetensors.h"
 #include "io/async_io.h"
 #include "monitor/monitor.h"
-#include "offload/optimizer_swapper.h"
-#include "offload/param_swapper.h"
 #include "precision/loss_scaler.h"
-#include "precision/master_weights.h"
+#include "precision/part_store.h"
 #include "profiling/flops_profiler.h"
 #include "profiling/op_times.h"
 #include "zero/strategy.h"
+
+namespace dscpp::offload {
+class ParamSwapper;
+}
 
 namespace dscpp::engine {
 
@@ -79,15 +82,15 @@ class EngineImpl {
   // The pre-flight check (NOTE [pre-flight]): throws ConfigError on every rank when the model
   // states this config asks for do not fit the memory (or swap disk) this host has left.
   void check_memory_fits();
-  // Lays the trainable parameters out for the stage (the strategy), taking the fp32 master
-  // weights on the way under mixed precision.
+  // Lays the trainable parameters out for the stage (the strategy), the part's fp32 values
+  // handed to the store on the way.
   void build_strategy();
   // Every rank starts from rank 0's weights, frozen parameters and buffers.
   void broadcast_initial_state(bool trainable_broadcast_done);
   void cast_the_rest();
   // offload_optimizer nvme: this rank's swap file for a part of `part_numel` elements (its fp32
-  // weights when weights_swapped_, then the optimizer's states), checked on every rank.
-  void build_swapper(int64_t part_numel);
+  // values when `with_values`, then the optimizer's states), checked on every rank.
+  std::unique_ptr<offload::OptimizerSwapper> build_swapper(int64_t part_numel, bool with_values);
   // offload_param nvme (stage 3): this rank's parameter swap file for shards of `numels`
   // elements, checked on every rank.
   std::unique_ptr<offload::ParamSwapper> build_param_swapper(const std::vector<int64_t>& numels,
@@ -123,18 +126,12 @@ class EngineImpl {
   // The boundary's update: reduce, check, clip, optimizer, publish (see step()). On a
   // non-finite loss or gradient it drops the window's gradients and throws.
   void apply_step();
-  // Runs the optimizer on this rank's part, a piece at a time (offload: sub-group by sub-group
-  // through the swap file, publishing the training-dtype parameters as it goes). True when the
-  // optimizer also wrote the bf16 parameters (NOTE [bf16 in the optimizer pass]): nothing is
-  // left to publish.
-  bool run_optimizer(const Reduced& red, double unscale, double clip_coef, double lr);
-  // run_optimizer, then the updated weights cast into the parameters (mixed precision). When
-  // swap files are involved, every rank learns whether that failed anywhere before publishing.
+  // Runs the optimizer on this rank's part (the store's step, or the client optimizer), leaving
+  // the training-dtype parameters updated.
+  void run_optimizer(const Reduced& red, double unscale, double clip_coef, double lr);
+  // run_optimizer; when files are involved (swap files), every rank learns whether it failed
+  // anywhere before the parameters are published.
   void update_parameters(const Reduced& red, double unscale, double clip_coef, double lr);
-  // run_optimizer with offload_optimizer nvme: sub-group by sub-group through the swap file.
-  void run_offloaded_optimizer(const std::vector<zero::Part>& parts,
-                               const std::function<at::Tensor(const at::Tensor&)>& fp32_grads,
-                               optim::StepContext ctx);
   // Throws the error that stopped this engine, if one did.
   void check_usable() const;
   // Zeroes the gradients and resets the window's counters and timers.
@@ -163,16 +160,25 @@ class EngineImpl {
   std::string agree_on_tag(const std::string& tag);
   // What this rank's file holds: its slice of every group's fp32 values and optimizer states,
   // its RNG states, and on rank 0 the frozen parameters and buffers.
-  // Offloaded parts (the swap file's fp32 weights and optimizer states) are streamed from the
-  // swap file as the rank file is written.
+  // What the store keeps on disk (the swap file's fp32 values and optimizer states) is streamed
+  // from it as the rank file is written.
   std::vector<safetensors::StreamedTensor> checkpoint_tensors();
-  // offload: the swap file's index of "values" (the fp32 weights, when weights_swapped_) or of an
-  // optimizer state; -1 when it is held in memory.
-  int swap_index(const std::string& what) const;
-  // offload, after a load: the parameters cast from the swap file's fp32 weights.
-  void publish_swapped_values(const std::vector<zero::Part>& parts);
-  // The fp32 values of elements [offset, offset + n) of this rank's part.
-  at::Tensor part_values(const std::vector<zero::Part>& parts, int64_t offset, int64_t n) const;
+
+  // load_checkpoint's steps, in order. 1-2 change nothing: the checkpoint found (rank 0
+  // resolves the tag for all), its manifest read and checked against this model and optimizer
+  // (check_checkpoint_fits), every file proven whole; then 3 this rank's state read from the
+  // files that hold it, 4 the parameters cast from it, 5 the counters, schedule and loss scale.
+  struct LoadSource {
+    std::string dir, folder;  // the save directory, and the checkpoint's folder in it
+    checkpoint::Manifest manifest;
+  };
+  LoadSource find_checkpoint(const std::string& dir, const std::string& tag,
+                             const LoadOptions& opts);
+  void check_checkpoint_fits(const LoadSource& src, const LoadOptions& opts);
+  void check_whole(const LoadSource& src);
+  uint64_t read_rank_state(const LoadSource& src, const LoadOptions& opts);  // bytes read
+  void publish_loaded_values();
+  void restore_counters(const checkpoint::Manifest& m, const LoadOptions& opts);
 
   // ----- agreement (every_rank.cpp)
   // Runs `fn` on this rank, then every rank learns whether it failed on any: the failing rank
@@ -184,6 +190,8 @@ class EngineImpl {
   // The swap files' I/O (offload): declared before everything that holds a swap file open.
   std::unique_ptr<io::AsyncIo> own_async_io_;
   io::AsyncIo* async_io_ = nullptr;
+  // Where this rank's part of the fp32 values (and with offload the optimizer's states) lives.
+  std::unique_ptr<precision::PartStore> store_;
   std::unique_ptr<zero::Strategy> strategy_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<LRSchedule> lr_schedule_;
@@ -193,19 +201,8 @@ class EngineImpl {
   io::FileSystem* file_system_ = nullptr;  // checkpoints' file access; null: POSIX
   at::Device device_ = at::kCPU;           // the trainable parameters' device
   at::ScalarType dtype_ = at::kFloat;      // training dtype of parameters and gradients
-  // fp32 weights the optimizer updates under mixed precision (this rank's part); null in fp32,
-  // where the parameters themselves are.
-  std::unique_ptr<precision::MasterWeights> master_;
   std::unique_ptr<precision::LossScaler> scaler_;  // fp16 only
-  // offload_optimizer nvme (src/offload/): the part's fp32 weights (mixed precision, or
-  // parameters on disk: weights_swapped_) and optimizer state live in a swap file; master_ is
-  // null and the optimizer holds no state.
-  std::unique_ptr<offload::OptimizerSwapper> swapper_;
-  bool weights_swapped_ = false;
-  offload::SwapStats swap_;  // this window's swap, for the step log
-  // Mixed precision: the fp32 gradients of one piece of the step (or sub-group), kept across
-  // steps (run_optimizer).
-  at::Tensor grad_scratch_;
+  std::string store_report_;  // what the store's disk did in this window, for the step log
   // Set when a failure left the ranks' states apart (an offloaded step that failed on some
   // rank): every later call throws it.
   std::string broken_;

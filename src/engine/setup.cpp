@@ -19,6 +19,8 @@
 #include "util/memory.h"
 #include "zero/presharded.h"
 #include "zero/reducer.h"
+#include "offload/optimizer_swapper.h"
+#include "offload/param_swapper.h"
 #include "zero/stage3.h"
 #include "zero/unit_policy.h"
 
@@ -92,7 +94,6 @@ void EngineImpl::check_same_model_on_every_rank() {
   };
   constexpr uint64_t kFnvBasis = 14695981039346656037ULL;
   uint64_t hash = kFnvBasis;
-  std::vector<std::string> described;  // per parameter, as the error names it
   std::vector<double> each;            // per parameter, its own hash
   int64_t elements = 0;
   std::optional<at::Device> device;
@@ -102,9 +103,6 @@ void EngineImpl::check_same_model_on_every_rank() {
                                         c10::toString(p.scalar_type()), p.requires_grad());
     hash = fnv(hash, key);
     each.push_back(static_cast<double>(fnv(kFnvBasis, key) >> 12));
-    described.push_back(fmt::format("'{}' [{}] {}{}", item.key(), fmt::join(p.sizes(), ", "),
-                                    c10::toString(p.scalar_type()),
-                                    p.requires_grad() ? "" : " frozen"));
     elements += p.numel();
     if (!device) device = p.device();
   }
@@ -145,9 +143,14 @@ void EngineImpl::check_same_model_on_every_rank() {
     if (i < n || v[3 * q + 1] != v[1]) first = std::min(first, i);
   }
   constexpr int64_t kChars = 160;
-  const std::string mine =
-      (first < tensors ? described[first] : std::string("nothing (it has no more parameters)"))
-          .substr(0, kChars);
+  std::string mine = "nothing (it has no more parameters)";
+  if (first < tensors) {
+    const auto item = model_->named_parameters(/*recurse=*/true)[static_cast<size_t>(first)];
+    const at::Tensor& p = item.value();
+    mine = fmt::format("'{}' [{}] {}{}", item.key(), fmt::join(p.sizes(), ", "),
+                       c10::toString(p.scalar_type()), p.requires_grad() ? "" : " frozen");
+  }
+  mine = mine.substr(0, kChars);
   at::Tensor names = rank_values(world * kChars, dev);
   std::vector<double> chars(mine.begin(), mine.end());
   if (!chars.empty()) {
@@ -283,9 +286,9 @@ void EngineImpl::build_strategy() {
   }
 
   // Rank 0's fp32 values are every rank's before anything is cast or sharded (mixed precision,
-  // stage 3); otherwise the flat buffer is broadcast below. Under mixed precision they also
-  // become the master weights: this rank's part of them, taken parameter by parameter as the
-  // model is cast into its flat buffers.
+  // stage 3); otherwise the flat buffer is broadcast below. The store takes this rank's part of
+  // them (the master weights, or the swap file), parameter by parameter as the model is cast
+  // into its flat buffers.
   const bool broadcast_first = mixed || stage == 3;
   if (broadcast_first) {
     std::vector<comm::WorkHandle> works;
@@ -295,8 +298,7 @@ void EngineImpl::build_strategy() {
     }
     for (auto& w : works) w->wait();
   }
-  const auto param_options = np.params[0].options();
-  device_ = param_options.device();
+  device_ = np.params[0].device();
   // offload_optimizer (stages 1-3; check_supported refuses or warns about the rest).
   const auto& oo = zc.offload_optimizer;
   if (stage > 0 && oo.device == "cpu") {
@@ -329,10 +331,20 @@ void EngineImpl::build_strategy() {
           "parameter shards already live in CPU memory; nothing moves");
     }
   }
-  weights_swapped_ = nvme && (mixed || param_nvme);
+  // Where the part's fp32 values live (part_store.h), chosen once.
+  precision::PartStoreOptions po;
+  po.dtype = dtype_;
+  po.device = device_;
+  po.nvme = nvme;
+  po.sub_group_size = zc.sub_group_size;
+  po.params_on_disk = param_nvme;
+  po.make_swapper = [this](int64_t numel, bool with_values) {
+    return build_swapper(numel, with_values);
+  };
+  store_ = precision::make_part_store(po);
+  zero::Stage3Options s3;
   if (stage == 3) {
     zero::check_each_matches(*model_, zero_units_, zc.leaf_module);
-    zero::Stage3Options s3;
     s3.units = zero::with_leaf_modules(zero_units_, zc.leaf_module);
     s3.persistence_threshold = zc.stage3_param_persistence_threshold;
     s3.prefetch_bucket_size = zc.stage3_prefetch_bucket_size;
@@ -345,37 +357,10 @@ void EngineImpl::build_strategy() {
         return build_param_swapper(numels, dtype);
       };
     }
-    zero::PartTapFactory make_tap;
-    if (weights_swapped_) {
-      make_tap = [this](int64_t part_numel) -> zero::PartTap {
-        build_swapper(part_numel);
-        return [s = swapper_.get()](int64_t off, const at::Tensor& v) { s->write(0, off, v); };
-      };
-    } else if (mixed) {
-      make_tap = [this, param_options](int64_t part_numel) -> zero::PartTap {
-        master_ = std::make_unique<precision::MasterWeights>(part_numel, param_options);
-        return [m = master_.get()](int64_t off, const at::Tensor& v) { m->take(off, v); };
-      };
-    }
-    strategy_ = std::make_unique<zero::Stage3>(*model_, std::move(np), *comm_, so, s3, make_tap);
-  } else {
-    zero::FlattenTap tap;
-    const int64_t begin = stage == 0 ? 0 : layout.shard_offset(comm_->rank());
-    const int64_t len = stage == 0 ? layout.numel : layout.shard;
-    if (mixed && nvme) {
-      build_swapper(len);
-      tap = precision::part_tap(begin, len, [s = swapper_.get()](int64_t off, const at::Tensor& v) {
-        s->write(0, off, v);
-      });
-    } else if (mixed) {
-      master_ = std::make_unique<precision::MasterWeights>(len, param_options);
-      tap = master_->tap(begin);
-    }
-    strategy_ = stage == 0 ? zero::make_stage0(std::move(np), layout, *comm_, so, tap)
-                           : zero::make_stage1_2(std::move(np), layout, *comm_, so, tap);
   }
-  if (nvme && !swapper_) build_swapper(strategy_->part_numel());  // only the states
-  if (swapper_) swapper_->flush();
+  strategy_ = zero::make_strategy(*model_, std::move(np), layout, *comm_, so, s3,
+                                  [this](int64_t part_numel) { return store_->open(part_numel); });
+  store_->flush();
   if (stage > 0 && stage < 3) {
     DSCPP_LOG_INFO("ZeRO stage {}: {} parameters padded to {}, this rank updates [{}, {})", stage,
                    layout.numel, layout.padded, strategy_->part_begin(),
@@ -416,13 +401,14 @@ namespace {
 constexpr decltype(statfs::f_type) kTmpfsMagic = 0x01021994, kRamfsMagic = 0x858458f6;
 }  // namespace
 
-void EngineImpl::build_swapper(int64_t part_numel) {
+std::unique_ptr<offload::OptimizerSwapper> EngineImpl::build_swapper(int64_t part_numel,
+                                                                      bool with_values) {
   const auto& oo = config_.zero_optimization.offload_optimizer;
   offload::SwapperOptions so;
   so.path = fmt::format("{}/dscpp_optimizer_rank{}_pid{}.swp", oo.nvme_path.value_or(""),
                         comm_->rank(), getpid());
   so.numel = part_numel;
-  if (weights_swapped_) {
+  if (with_values) {
     so.names.push_back("fp32 weights");
     so.initial.push_back(0.0f);  // written by the tap as the model is flattened
   }
@@ -435,11 +421,12 @@ void EngineImpl::build_swapper(int64_t part_numel) {
   so.buffer_count = static_cast<int>(std::min<int64_t>(oo.buffer_count, 3));
   so.pipeline_read = oo.pipeline_read;
   so.pipeline_write = oo.pipeline_write;
+  std::unique_ptr<offload::OptimizerSwapper> swapper;
   on_every_rank(
       "preparing the optimizer's swap file in offload_optimizer.nvme_path",
       [&] {
         prepare_swap_dir("offload_optimizer", *oo.nvme_path);
-        swapper_ = std::make_unique<offload::OptimizerSwapper>(*async_io_, so);
+        swapper = std::make_unique<offload::OptimizerSwapper>(*async_io_, so);
       },
       /*checkpoint_error=*/false);
   if (comm_->rank() == 0) {
@@ -447,11 +434,12 @@ void EngineImpl::build_swapper(int64_t part_numel) {
         "offload_optimizer nvme: each rank's {} ({} elements) in a {:.2f} GiB swap file in {}, "
         "{} sub-group(s) of up to {} elements through {:.1f} MiB of buffers (read ahead: {}, "
         "write behind: {}); {}",
-        fmt::join(so.names, ", "), part_numel, swapper_->file_bytes() / double(1 << 30),
-        *oo.nvme_path, swapper_->sub_groups(), so.sub_group_size,
-        swapper_->buffer_bytes() / double(1 << 20), oo.pipeline_read, oo.pipeline_write,
+        fmt::join(so.names, ", "), part_numel, swapper->file_bytes() / double(1 << 30),
+        *oo.nvme_path, swapper->sub_groups(), so.sub_group_size,
+        swapper->buffer_bytes() / double(1 << 20), oo.pipeline_read, oo.pipeline_write,
         async_io_->describe());
   }
+  return swapper;
 }
 
 void EngineImpl::prepare_swap_dir(const std::string& key, const std::string& dir) {
@@ -527,10 +515,8 @@ void EngineImpl::build_optimizer() {
                 "{\"lr\": 1e-3}}}");
     // Over this rank's part: everything at stage 0, its shard at stages 1-3; none when the
     // state is swapped in from disk for each sub-group (StepContext::state).
-    const size_t weights = weights_swapped_ ? 1 : 0;
-    const bool swapped_state = swapper_ && swapper_->names().size() > weights;
     optimizer_ = optim::make_optimizer(
-        config_.optimizer, swapped_state ? 0 : strategy_->part_numel(),
+        config_.optimizer, store_->holds_optimizer_states() ? 0 : strategy_->part_numel(),
         strategy_->options().dtype(at::kFloat), strategy_->optimizer_segments());
   }
   if (client_lr_scheduler_) {

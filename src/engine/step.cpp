@@ -20,8 +20,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Elements per piece of the mixed-precision optimizer step (16 MiB of fp32 gradient).
-constexpr int64_t kStepPiece = int64_t{1} << 22;
 // wall_clock_breakdown: the ops listed in the step line's table (NOTE [op times]).
 constexpr size_t kOpTableRows = 12;
 
@@ -395,7 +393,7 @@ void EngineImpl::apply_step() {
       global_steps_, loss,       lr,   grad_norm, window_s > 0 ? train_batch_size() / window_s : 0,
       window_s,      used_scale, false};
   fetch_ = strategy_->take_fetch_stats();
-  if (swapper_) swap_ = swapper_->take_stats();
+  store_report_ = store_->take_report();
   if (config_.steps_per_print > 0 && global_steps_ % config_.steps_per_print == 0) log_step();
   write_monitors();
   finish_profiler();
@@ -403,112 +401,33 @@ void EngineImpl::apply_step() {
   start_profiler_if_due();
 }
 
-bool EngineImpl::run_optimizer(const Reduced& red, double unscale, double coef, double lr) {
-  // fp32 gradients: the gradients themselves in fp32; under mixed precision cast a piece at
-  // a time, so the step never holds an fp32 copy of the whole (shard of the) gradient. The pieces
-  // (and offload's sub-groups) are cast into one buffer kept across steps: a fresh allocation per
-  // piece costs more in page faults than the cast itself once it exceeds malloc's mmap threshold
-  // (32 MiB; a sub-group of 1e7 elements spent 86% of its step there).
-  const int64_t scratch_limit =
-      swapper_ ? config_.zero_optimization.sub_group_size : int64_t{kStepPiece};
-  auto fp32_grads = [&](const at::Tensor& grads) {
-    at::Tensor g = grads;
-    if (dtype_ != at::kFloat && grads.numel() > scratch_limit) {
-      g = grads.to(at::kFloat);
-    } else if (dtype_ != at::kFloat) {
-      if (!grad_scratch_.defined() || grad_scratch_.numel() < grads.numel())
-        grad_scratch_ = at::empty({scratch_limit}, grads.options().dtype(at::kFloat));
-      g = grad_scratch_.narrow(0, 0, grads.numel());
-      g.copy_(grads);
-    }
-    return g;
-  };
+void EngineImpl::run_optimizer(const Reduced& red, double unscale, double coef, double lr) {
   // The unscale and the clip coefficient: one multiplier, which dscpp's optimizers apply as they
   // read each gradient (StepContext::grad_scale) instead of a pass of its own over the gradients.
   const double multiplier = unscale * coef;
-  if (!optimizer_) {
-    for (const auto& part : red.parts) {  // the client reads param.grad
-      at::Tensor g = fp32_grads(part.grads);
-      if (multiplier != 1.0) g.mul_(multiplier);
+  if (!optimizer_) {  // the client reads param.grad (fp32: check_supported)
+    if (multiplier != 1.0) {
+      for (const auto& part : red.parts) part.grads.mul_(multiplier);
     }
     client_optimizer_->step();
-    return false;
+    return;
   }
   optim::StepContext ctx;
   ctx.grad_scale = 1.0 / multiplier;
   ctx.lr = lr;
   ctx.step = global_steps_ + 1 - skipped_steps_;
   ctx.betas_override = lr_schedule_ ? lr_schedule_->get_betas() : std::nullopt;
-  if (swapper_) {
-    run_offloaded_optimizer(red.parts, fp32_grads, ctx);
-    return false;
-  }
-  // bf16 gradients in, bf16 parameters out, in the update's pass (NOTE [bf16 in the optimizer
-  // pass]) when the optimizer can and every part's parameters are in memory.
-  bool fused = master_ && dtype_ == at::kBFloat16 && optimizer_->fuses_bf16();
-  for (const auto& part : red.parts) fused = fused && part.sink == nullptr;
-  const int64_t total = strategy_->part_numel();
-  const bool pieces = dtype_ != at::kFloat && optimizer_->supports_pieces();
-  for (const auto& part : red.parts) {
-    const int64_t n = part.numel();
-    at::Tensor weights = master_ ? master_->weights().narrow(0, part.offset, n) : part.params;
-    const int64_t piece = pieces ? kStepPiece : n;
-    for (int64_t off = 0; off < n; off += piece) {
-      const int64_t len = std::min(piece, n - off);
-      at::Tensor w = weights.narrow(0, off, len);
-      if (len < total) ctx.offset = part.offset + off;
-      at::Tensor g = part.grads.narrow(0, off, len);
-      if (fused) {
-        ctx.bf16_params = part.params.narrow(0, off, len);
-        optimizer_->step(w, g, ctx);
-      } else {
-        optimizer_->step(w, fp32_grads(g), ctx);
-      }
-    }
-  }
-  return fused;
-}
-
-void EngineImpl::run_offloaded_optimizer(
-    const std::vector<zero::Part>& parts,
-    const std::function<at::Tensor(const at::Tensor&)>& fp32_grads, optim::StepContext ctx) {
-  // Sub-group by sub-group through the swap file (NOTE [swap file layout]): its tensors are the
-  // fp32 weights (mixed precision, or parameters on disk), then the optimizer's states. A
-  // sub-group may span parts (stage 3's units); each overlap is one optimizer call, and when the
-  // weights are swapped its updated weights are cast into the parameters (or handed to the
-  // parameters' swap file) at once, as MasterWeights::publish does for the whole part otherwise.
-  const size_t first_state = weights_swapped_ ? 1 : 0;
-  swapper_->for_each_sub_group(
-      [&](int64_t begin, int64_t length, const std::vector<at::Tensor>& t) {
-        for (const auto& part : parts) {
-          const int64_t lo = std::max(begin, part.offset);
-          const int64_t hi = std::min(begin + length, part.offset + part.numel());
-          if (lo >= hi) continue;
-          at::Tensor w = weights_swapped_ ? t[0].narrow(0, lo - begin, hi - lo)
-                                          : part.params.narrow(0, lo - part.offset, hi - lo);
-          ctx.state.clear();
-          for (size_t i = first_state; i < t.size(); ++i)
-            ctx.state.push_back(t[i].narrow(0, lo - begin, hi - lo));
-          if (ctx.state.empty()) ctx.offset = lo;  // a stateless optimizer (SGD, no momentum)
-          optimizer_->step(w, fp32_grads(part.grads.narrow(0, lo - part.offset, hi - lo)), ctx);
-          if (weights_swapped_) part.store(lo - part.offset, w);
-        }
-      });
+  store_->step(*optimizer_, red.parts, std::move(ctx));
 }
 
 void EngineImpl::update_parameters(const Reduced& red, double unscale, double coef, double lr) {
   fault::point(fault::Phase::optimizer);
-  bool on_disk = swapper_ != nullptr;
+  bool on_disk = store_->uses_disk();
   for (const auto& p : red.parts) on_disk = on_disk || p.sink;
-  if (!on_disk) {
-    const bool published = run_optimizer(red, unscale, coef, lr);
-    if (master_ && !published) master_->publish(red.parts);
-    return;
-  }
+  if (!on_disk) return run_optimizer(red, unscale, coef, lr);
   std::exception_ptr error;
   try {
     run_optimizer(red, unscale, coef, lr);
-    if (master_) master_->publish(red.parts);
     zero::finish_stores(red.parts);
   } catch (...) {
     error = std::current_exception();
@@ -585,7 +504,7 @@ MemoryStats EngineImpl::memory_stats() {
   MemoryStats m;
   m.params = strategy_->param_bytes();
   m.grads = strategy_->grad_bytes();
-  m.master = master_ ? master_->bytes() : 0;
+  m.master = store_->bytes();
   if (optimizer_) {
     for (auto& [name, t] : optimizer_->state())
       m.optimizer_state += static_cast<int64_t>(t.nbytes());
@@ -593,7 +512,7 @@ MemoryStats EngineImpl::memory_stats() {
   m.staging = strategy_->staging_bytes();
   m.gathered = strategy_->gathered_peak_bytes();
   m.offload_buffers =
-      (swapper_ ? swapper_->buffer_bytes() : 0) + strategy_->param_swap_buffer_bytes();
+      store_->buffer_bytes() + strategy_->param_swap_buffer_bytes();
   return m;
 }
 
@@ -629,14 +548,7 @@ void EngineImpl::log_step() {
           "prefetched)",
           fetch_.wait_seconds * 1e3, fetch_.gathers, fetch_.prefetched);
     }
-    if (swapper_) {
-      line += fmt::format(
-          "; offloaded optimizer {:.1f} ms: read {:.1f} MiB, wrote {:.1f} MiB, waited for the "
-          "disk {:.1f} ms, stepped {:.1f} ms",
-          swap_.total_seconds * 1e3, swap_.bytes_read / double(1 << 20),
-          swap_.bytes_written / double(1 << 20), swap_.wait_seconds * 1e3,
-          swap_.step_seconds * 1e3);
-    }
+    if (!store_report_.empty()) line += "; " + store_report_;
     if (fetch_.disk_reads > 0 || fetch_.disk_bytes_written > 0) {
       line += fmt::format(
           "; parameters on disk: read {} shards ({} ahead of their request, {:.1f} MiB), wrote "

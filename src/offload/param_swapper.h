@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "io/async_io.h"
-#include "zero/strategy.h"
+#include "zero/shard_swap.h"
 
 namespace dscpp::offload {
 
@@ -33,39 +33,35 @@ struct ParamSwapperOptions {
   int buffer_count = 5;  // shards read ahead, and writes in flight, at most
 };
 
-// What the parameter swap did since the last take_stats().
-struct ParamSwapStats {
-  int64_t bytes_read = 0, bytes_written = 0;
-  int64_t reads = 0, reads_ahead = 0;  // shards read, and of them read ahead of their request
-  double wait_seconds = 0;             // the training thread blocked on reads and writes
-};
+using ParamSwapStats = zero::ShardSwapStats;
 
-class ParamSwapper final : public zero::ParamSink {
+// zero::ShardSwap over a swap file.
+class ParamSwapper final : public zero::ShardSwap {
  public:
   ParamSwapper(io::AsyncIo& io, ParamSwapperOptions options);
   ~ParamSwapper() override;
 
   int shards() const { return static_cast<int>(o_.numels.size()); }
-  int64_t numel() const { return total_; }  // of every shard together
+  int64_t numel() const override { return total_; }  // of every shard together
   int64_t file_bytes() const { return file_bytes_; }
   // Aligned memory held by the pool (buffers in use or free).
-  int64_t buffer_bytes() const;
+  int64_t buffer_bytes() const override;
 
   // Starts reading shard i into a free buffer unless it is read ahead already; false when
   // buffer_count shards are read ahead (nothing started).
-  bool read_ahead(int i);
+  bool read_ahead(int i) override;
   // Shard i in memory, [numel] in the training dtype: the read ahead (waited for) or a read now.
   // Writable; its buffer returns to the pool when the tensor and its views are gone.
-  at::Tensor take(int i);
+  at::Tensor take(int i) override;
   // Writes fp32 or training-dtype `values` [numel] as shard i and waits (set-up, load,
   // GatheredParameters).
-  void store(int i, const at::Tensor& values);
+  void store(int i, const at::Tensor& values) override;
 
   // ----- zero::ParamSink: the step's updated values, front to back
   void put(int64_t offset, const at::Tensor& values) override;
   void finish() override;
 
-  ParamSwapStats take_stats();
+  ParamSwapStats take_stats() override;
 
  private:
   struct Pool;

@@ -1,5 +1,5 @@
-// Implements gather_in_place (gather.h).
-#include "zero/gather.h"
+// Implements gather_in_place (shard_all_gather.h).
+#include "zero/shard_all_gather.h"
 
 #include <ATen/ATen.h>
 

@@ -1,5 +1,7 @@
-// The in-place all-gather of a flat buffer's shards: every rank's shard of `flat` to every rank,
-// straight into its place in `flat`, in pieces.
+// The all-gather of updated shards after the optimizer step: every rank's shard of a flat buffer
+// to every rank, straight into its place in the buffer, in pieces. Stages 1-2 publish the whole
+// model this way, stage 3 its resident group. Stage 3's unit-by-unit gathers before a unit runs
+// are elsewhere: src/zero/fetcher.h.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,6 +1,6 @@
 // ZeRO stages 1 and 2: every rank holds every parameter, but the fp32 master weights and the
 // optimizer state are split into world-size shards of the flat buffer (NOTE [flat partition]);
-// each rank updates its shard and the ranks all-gather the updated parameters (gather.h).
+// each rank updates its shard and the ranks all-gather the updated parameters (shard_all_gather.h).
 //   stage 1: gradients accumulate in a full buffer and are reduce-scattered in place during the
 //            boundary backward (InPlaceReducer);
 //   stage 2: gradients accumulate in staging slots and are reduce-scattered in every backward
@@ -8,7 +8,7 @@
 #include <ATen/ATen.h>
 
 #include "dscpp/error.h"
-#include "zero/gather.h"
+#include "zero/shard_all_gather.h"
 #include "zero/reduce_scatter.h"
 #include "zero/strategy.h"
 

@@ -61,9 +61,9 @@
 #include <vector>
 
 #include "dscpp/zero.h"
-#include "offload/param_swapper.h"
 #include "zero/fetcher.h"
 #include "zero/reduce_scatter.h"
+#include "zero/shard_swap.h"
 #include "zero/strategy.h"
 
 namespace torch::nn {
@@ -82,17 +82,11 @@ struct Stage3Options {
   // offload_param nvme (NOTE [stage 3 parameter offload]): makes the swap file for the shards of
   // the units past the first `max_in_cpu` shard elements (their lengths in part order, training
   // dtype); null: every shard stays in memory.
-  std::function<std::unique_ptr<offload::ParamSwapper>(const std::vector<int64_t>& numels,
-                                                       at::ScalarType dtype)>
+  std::function<std::unique_ptr<ShardSwap>(const std::vector<int64_t>& numels,
+                                           at::ScalarType dtype)>
       make_param_swapper;
   int64_t max_in_cpu = 0;
 };
-
-// Sees the fp32 values of this rank's part as stage 3 shards the model: (offset in the part,
-// values). Under mixed precision the master weights take them.
-using PartTap = std::function<void(int64_t part_offset, const at::Tensor& values)>;
-// Called once the part's length is known, before any value is taken; returns the tap.
-using PartTapFactory = std::function<PartTap(int64_t part_numel)>;
 
 class Stage3 final : public Strategy {
  public:
@@ -229,7 +223,7 @@ class Stage3 final : public Strategy {
   std::vector<Unit> units_;
   at::Tensor shards_;  // [sum of the in-memory units' shards] this rank's shards, training dtype
   // offload_param nvme: the other units' shards (NOTE [stage 3 parameter offload]).
-  std::unique_ptr<offload::ParamSwapper> param_swap_;
+  std::unique_ptr<ShardSwap> param_swap_;
   std::unique_ptr<SlotReducer> reducer_;
   ParamFetcher fetcher_;
   int running_ = -1;  // the unit whose fn runs now (units do not nest)

@@ -1,6 +1,6 @@
 // Strategy: one ZeRO stage family, as the engine's step sees it. Each family lives in its own
 // file (stage0.cpp: data parallelism; stage1_2.cpp: optimizer state and gradients sharded;
-// stage3.cpp: parameters sharded too, gathered unit by unit), owns
+// stage3_*.cpp: parameters sharded too, gathered unit by unit), owns
 // the parameters' storage and a gradient path (reducer.h), and answers the step's questions in
 // the order the step asks them (src/engine/step.cpp):
 //
@@ -149,12 +149,30 @@ class Strategy {
   int64_t staging_bytes() { return reducer().staging_bytes(); }
 };
 
+// Sees the fp32 values of this rank's part as the strategy lays the model out (and as stage 3's
+// GatheredParameters scopes write back): (offset in the part, values). The PartStore's
+// (src/precision/part_store.h): the master weights or the swap file take them.
+using PartTap = std::function<void(int64_t part_offset, const at::Tensor& values)>;
+// Called once the part's length is known, before any value is taken; returns the tap (null: the
+// parameters hold the values).
+using PartTapFactory = std::function<PartTap(int64_t part_numel)>;
+
 // Waits for the parts' parameters on disk to be written (ParamSink::finish).
 inline void finish_stores(const std::vector<Part>& parts) {
   for (const auto& p : parts) {
     if (p.sink) p.sink->finish();
   }
 }
+
+struct Stage3Options;  // stage3.h
+
+// The strategy of options.stage over `np` (fp32, one device): stage 0 or 1-2 laid out by `layout`
+// (FlatLayout::of(np.params, world)), stage 3 by units as `s3` says. `make_tap` (optional) is
+// called once the part's length is known; its tap sees the part's fp32 values first.
+std::unique_ptr<Strategy> make_strategy(torch::nn::Module& model, NamedParams np,
+                                        const FlatLayout& layout, comm::Communicator& comm,
+                                        const StrategyOptions& options, const Stage3Options& s3,
+                                        const PartTapFactory& make_tap);
 
 // The stage's strategy over `np` (fp32, one device), laid out by `layout` (FlatLayout::of(np,
 // world)). The parameters become views into a flat buffer of options.reduce.dtype; `tap` sees
