@@ -4,20 +4,25 @@
 // after use and one block is gathered ahead, so at most two blocks' parameters are whole at once.
 //   dscpp launch --num_procs 2 ./my_blocks CKPT_DIR            trains 60 steps, saves at step 30
 //   dscpp launch --num_procs 2 ./my_blocks CKPT_DIR --resume   loads step 30, trains to 60
-// Both print the same loss at step 60: the resumed run continues bit for bit. --width W,
+// Both print the same loss at step 60: the resumed run continues bit for bit. The checkpoint goes
+// through the program's own io::FileSystem (the public seam, include/dscpp/file_system.h), here
+// one that counts what is written. --width W,
 // --blocks B and --steps N change the model's size and the run's length (docs/benchmarks.md
 // measures stage 3's memory with them).
 #include <ATen/ATen.h>
 #include <dscpp/engine.h>
 #include <dscpp/error.h>
+#include <dscpp/file_system.h>
 #include <dscpp/zero_unit.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
 #include <sys/resource.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -57,6 +62,46 @@ std::pair<at::Tensor, at::Tensor> batch(int64_t step, int k, int rank, int size)
   at::Tensor x = at::rand({size, 16}, gen) * 2 - 1;
   return {x, at::sin(3 * x).sum(1, /*keepdim=*/true) / 4};
 }
+
+// The POSIX file system, counting the bytes written through it: where a program routes or meters
+// checkpoint I/O (an object store, a quota) it implements io::FileSystem the same way.
+class CountingFileSystem final : public dscpp::io::FileSystem {
+ public:
+  int64_t written = 0;
+  std::unique_ptr<dscpp::io::RandomAccessFile> open_for_read(const std::string& p) override {
+    return posix_.open_for_read(p);
+  }
+  std::unique_ptr<dscpp::io::WritableFile> open_for_write(const std::string& p) override {
+    return std::make_unique<Counted>(posix_.open_for_write(p), written);
+  }
+  std::unique_ptr<dscpp::io::WritableFile> open_for_append(const std::string& p) override {
+    return std::make_unique<Counted>(posix_.open_for_append(p), written);
+  }
+  void rename_file(const std::string& from, const std::string& to) override {
+    posix_.rename_file(from, to);
+  }
+  void remove_file(const std::string& p) override { posix_.remove_file(p); }
+  void sync_dir(const std::string& d) override { posix_.sync_dir(d); }
+  void create_dirs(const std::string& d) override { posix_.create_dirs(d); }
+  bool exists(const std::string& p) override { return posix_.exists(p); }
+  uint64_t file_size(const std::string& p) override { return posix_.file_size(p); }
+  std::vector<std::string> list_dir(const std::string& d) override { return posix_.list_dir(d); }
+
+ private:
+  struct Counted final : dscpp::io::WritableFile {
+    Counted(std::unique_ptr<dscpp::io::WritableFile> f, int64_t& n) : f(std::move(f)), n(n) {}
+    void append(const void* data, size_t size) override {
+      f->append(data, size);
+      n += static_cast<int64_t>(size);
+    }
+    void sync() override { f->sync(); }
+    void close() override { f->close(); }
+    const std::string& path() const override { return f->path(); }
+    std::unique_ptr<dscpp::io::WritableFile> f;
+    int64_t& n;
+  };
+  dscpp::io::FileSystem& posix_ = dscpp::io::default_file_system();
+};
 
 double peak_rss_mib() {
   rusage u{};
@@ -101,7 +146,10 @@ int main(int argc, char** argv) {
   try {
     at::manual_seed(0);  // rank 0's initial weights are every rank's: seeded, a run repeats
     auto model = std::make_shared<Mlp>(width, depth);
-    auto engine = dscpp::initialize(model, config);
+    CountingFileSystem files;
+    dscpp::InitOptions options;
+    options.file_system = &files;  // must outlive the engine
+    auto engine = dscpp::initialize(model, config, options);
     if (resume) engine->load_checkpoint(dir);
     double loss = 0, first = -1;
     while (engine->global_steps() < steps) {
@@ -115,7 +163,14 @@ int main(int argc, char** argv) {
       }
       loss = engine->last_step().loss;
       if (first < 0) first = loss;
-      if (!resume && engine->global_steps() == steps / 2) engine->save_checkpoint(dir);
+      if (!resume && engine->global_steps() == steps / 2) {
+        engine->save_checkpoint(dir);
+        std::printf("rank %d: checkpoint at step %lld: %lld bytes written through the program's "
+                    "file system\n",
+                    engine->rank(), static_cast<long long>(engine->global_steps()),
+                    static_cast<long long>(files.written));
+        if (files.written == 0) return 4;  // the seam was not used
+      }
     }
     const dscpp::MemoryStats m = engine->memory_stats();
     if (engine->rank() == 0) {

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "dscpp/error.h"
-#include "io/async_io.h"
+#include "dscpp/async_io.h"
 #include "offload/optimizer_swapper.h"
 #include "tools.h"
 #include "util/log.h"

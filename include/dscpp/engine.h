@@ -38,8 +38,8 @@ namespace engine {
 class EngineImpl;
 }
 namespace io {
-class FileSystem;
-class AsyncIo;
+class FileSystem;  // include/dscpp/file_system.h
+class AsyncIo;     // include/dscpp/async_io.h
 }  // namespace io
 
 struct InitOptions {

@@ -9,8 +9,8 @@
 // throws IoError naming the file and, where one is at fault, the tensor. Writing is atomic
 // (temporary file, fsync, rename): a failed save leaves no partial file behind.
 //
-// All disk I/O goes through an io::FileSystem (src/io/file_system.h); pass nullptr for the POSIX
-// one. Tests pass a FaultFileSystem to tear files or fail writes.
+// All disk I/O goes through an io::FileSystem (include/dscpp/file_system.h); pass nullptr for the
+// POSIX one. Tests pass a FaultFileSystem (tests/support/) to tear files or fail writes.
 #pragma once
 
 #include <ATen/ATen.h>

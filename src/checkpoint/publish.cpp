@@ -6,7 +6,7 @@
 
 #include "checkpoint/verify.h"
 #include "dscpp/error.h"
-#include "io/file_system.h"
+#include "dscpp/file_system.h"
 #include "util/fault_inject.h"
 
 namespace dscpp::checkpoint {

@@ -1,4 +1,7 @@
-# Sources of src/checkpoint that need the library (the manifest itself is in dscpp_base).
+# Sources of src/checkpoint: the manifest (dscpp_base: the launcher's tools read it without
+# libtorch); publishing, verification and consolidation (dscpp).
+target_sources(dscpp_base PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/manifest.cpp)
 target_sources(dscpp PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/publish.cpp
   ${CMAKE_CURRENT_LIST_DIR}/verify.cpp

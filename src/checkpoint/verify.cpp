@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "dscpp/error.h"
-#include "io/file_system.h"
+#include "dscpp/file_system.h"
 #include "util/crc32c.h"
 
 namespace dscpp::checkpoint {

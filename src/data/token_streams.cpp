@@ -6,7 +6,7 @@
 
 #include "dscpp/data.h"
 #include "dscpp/error.h"
-#include "io/file_system.h"
+#include "dscpp/file_system.h"
 
 namespace dscpp::data {
 namespace {

@@ -21,7 +21,7 @@
 #include "dscpp/error.h"
 #include "dscpp/safetensors.h"
 #include "engine/engine_impl.h"
-#include "io/file_system.h"
+#include "dscpp/file_system.h"
 #include "util/log.h"
 
 namespace dscpp::engine {

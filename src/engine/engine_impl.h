@@ -21,7 +21,7 @@
 #include "dscpp/lr_schedule.h"
 #include "dscpp/optim.h"
 #include "dscpp/safetensors.h"
-#include "io/async_io.h"
+#include "dscpp/async_io.h"
 #include "monitor/monitor.h"
 #include "precision/loss_scaler.h"
 #include "precision/part_store.h"
@@ -85,6 +85,11 @@ class EngineImpl {
   // Lays the trainable parameters out for the stage (the strategy), the part's fp32 values
   // handed to the store on the way.
   void build_strategy();
+  // build_strategy's pieces: the strategy's bucket and reduction settings from the config
+  // (buckets capped, NOTE [bucket cap]), and the "cpu" offload devices checked against the
+  // model's device.
+  zero::StrategyOptions strategy_options(const zero::FlatLayout& layout) const;
+  void check_offload_devices();
   // Every rank starts from rank 0's weights, frozen parameters and buffers.
   void broadcast_initial_state(bool trainable_broadcast_done);
   void cast_the_rest();

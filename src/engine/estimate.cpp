@@ -13,7 +13,7 @@
 
 #include "dscpp/error.h"
 #include "dscpp/optim.h"
-#include "io/async_io.h"
+#include "dscpp/async_io.h"
 #include "util/log.h"
 
 namespace dscpp::engine {

@@ -231,6 +231,81 @@ void EngineImpl::check_memory_fits() {
       /*checkpoint_error=*/false);
 }
 
+zero::StrategyOptions EngineImpl::strategy_options(const zero::FlatLayout& layout) const {
+  const int stage = config_.zero_optimization.stage;
+  const auto& zc = config_.zero_optimization;
+  // NOTE [bucket cap]: buckets above a sixteenth of the model help nothing.
+  zero::StrategyOptions so;
+  so.stage = stage;
+  so.reduce.dtype = dtype_;
+  so.reduce.check_finite = scaler_ == nullptr;
+  so.reduce.reduce_bucket_size = zero::capped_bucket_size(zc.reduce_bucket_size, layout.numel);
+  so.reduce.prescale_gradients = config_.prescale_gradients;
+  so.reduce.gradient_predivide_factor = config_.gradient_predivide_factor;
+  so.reduce.overlap_comm = zc.overlap_comm;
+  so.reduce.contiguous_gradients = zc.contiguous_gradients;
+  so.reduce.reduce_scatter = zc.reduce_scatter;
+  so.allgather_bucket_size = zero::capped_bucket_size(zc.allgather_bucket_size, layout.numel);
+  // Stage 0 in fp32: the statistics ride in the gradient all-reduce (NOTE [side channel] in
+  // zero/all_reduce.h): [0] the window's loss sum, [1] its micro-steps, [2 + r] rank r's flags
+  // (window_flags()). Otherwise one small all-reduce at the boundary carries them.
+  so.side_channel = stage == 0 && dtype_ == at::kFloat ? 2 + comm_->world_size() : 0;
+  std::string capped;
+  if (so.reduce.reduce_bucket_size < zc.reduce_bucket_size) {
+    capped = fmt::format("reduce_bucket_size {} -> {}", zc.reduce_bucket_size,
+                         so.reduce.reduce_bucket_size);
+  }
+  if (stage > 0 && so.allgather_bucket_size < zc.allgather_bucket_size) {
+    capped += fmt::format("{}allgather_bucket_size {} -> {}", capped.empty() ? "" : ", ",
+                          zc.allgather_bucket_size, so.allgather_bucket_size);
+  }
+  if (comm_->rank() == 0 && !capped.empty()) {
+    DSCPP_LOG_INFO(
+        "zero_optimization.{} elements: buckets are capped at 1/{} of the model's {} "
+        "trainable elements, since a larger one only delays the first reduction (and "
+        "at stage 2 enlarges the staging buffers); bucket sizes do not change what is "
+        "trained (docs/zero.md)",
+        capped, zero::kBucketsPerModel, layout.numel);
+  }
+  return so;
+}
+
+void EngineImpl::check_offload_devices() {
+  // "cpu" offload of a model on the CPU: nothing moves; of a CUDA model: not implemented yet.
+  const int stage = config_.zero_optimization.stage;
+  const auto& zc = config_.zero_optimization;
+  // offload_optimizer (stages 1-3; check_supported refuses or warns about the rest).
+  const auto& oo = zc.offload_optimizer;
+  if (stage > 0 && oo.device == "cpu") {
+    DSCPP_CHECK(device_.is_cpu(), ConfigError,
+                "zero_optimization.offload_optimizer.device \"cpu\" with a model on ", device_,
+                " is not implemented yet: the optimizer would step in pinned host memory. HINT: "
+                "remove offload_optimizer (the state then stays in device memory), or use "
+                "device \"nvme\"");
+    if (comm_->rank() == 0) {
+      DSCPP_LOG_INFO(
+          "zero_optimization.offload_optimizer.device \"cpu\": the model is on the CPU, so its "
+          "optimizer state and fp32 weights already live in CPU memory; nothing moves");
+    }
+  }
+  // offload_param (stage 3; check_supported refuses what cannot work): nvme puts the units'
+  // shards in a swap file (NOTE [stage 3 parameter offload]); the optimizer's fp32 weights then
+  // come from the master weights or from the optimizer's swap file, never from the parameters.
+  const auto& op = zc.offload_param;
+  if (stage == 3 && op.device == "cpu") {
+    DSCPP_CHECK(device_.is_cpu(), ConfigError,
+                "zero_optimization.offload_param.device \"cpu\" with a model on ", device_,
+                " is not implemented yet: the shards would wait in pinned host memory. HINT: "
+                "remove offload_param (the shards then stay in device memory), or use device "
+                "\"nvme\"");
+    if (comm_->rank() == 0) {
+      DSCPP_LOG_INFO(
+          "zero_optimization.offload_param.device \"cpu\": the model is on the CPU, so its "
+          "parameter shards already live in CPU memory; nothing moves");
+    }
+  }
+}
+
 void EngineImpl::build_strategy() {
   zero::NamedParams np = zero::trainable_parameters(*model_);
   DSCPP_CHECK(!np.params.empty(), ConfigError,
@@ -251,39 +326,7 @@ void EngineImpl::build_strategy() {
   }
   const zero::FlatLayout layout = zero::FlatLayout::of(np.params, world);
 
-  // NOTE [bucket cap]: buckets above a sixteenth of the model help nothing.
-  zero::StrategyOptions so;
-  so.stage = stage;
-  so.reduce.dtype = dtype_;
-  so.reduce.check_finite = scaler_ == nullptr;
-  so.reduce.reduce_bucket_size = zero::capped_bucket_size(zc.reduce_bucket_size, layout.numel);
-  so.reduce.prescale_gradients = config_.prescale_gradients;
-  so.reduce.gradient_predivide_factor = config_.gradient_predivide_factor;
-  so.reduce.overlap_comm = zc.overlap_comm;
-  so.reduce.contiguous_gradients = zc.contiguous_gradients;
-  so.reduce.reduce_scatter = zc.reduce_scatter;
-  so.allgather_bucket_size = zero::capped_bucket_size(zc.allgather_bucket_size, layout.numel);
-  // Stage 0 in fp32: the statistics ride in the gradient all-reduce (NOTE [side channel] in
-  // zero/all_reduce.h): [0] the window's loss sum, [1] its micro-steps, [2 + r] rank r's flags
-  // (window_flags()). Otherwise one small all-reduce at the boundary carries them.
-  so.side_channel = stage == 0 && !mixed ? 2 + world : 0;
-  std::string capped;
-  if (so.reduce.reduce_bucket_size < zc.reduce_bucket_size) {
-    capped = fmt::format("reduce_bucket_size {} -> {}", zc.reduce_bucket_size,
-                         so.reduce.reduce_bucket_size);
-  }
-  if (stage > 0 && so.allgather_bucket_size < zc.allgather_bucket_size) {
-    capped += fmt::format("{}allgather_bucket_size {} -> {}", capped.empty() ? "" : ", ",
-                          zc.allgather_bucket_size, so.allgather_bucket_size);
-  }
-  if (comm_->rank() == 0 && !capped.empty()) {
-    DSCPP_LOG_INFO(
-        "zero_optimization.{} elements: buckets are capped at 1/{} of the model's {} "
-        "trainable elements, since a larger one only delays the first reduction (and "
-        "at stage 2 enlarges the staging buffers); bucket sizes do not change what is "
-        "trained (docs/zero.md)",
-        capped, zero::kBucketsPerModel, layout.numel);
-  }
+  const zero::StrategyOptions so = strategy_options(layout);
 
   // Rank 0's fp32 values are every rank's before anything is cast or sharded (mixed precision,
   // stage 3); otherwise the flat buffer is broadcast below. The store takes this rank's part of
@@ -299,38 +342,11 @@ void EngineImpl::build_strategy() {
     for (auto& w : works) w->wait();
   }
   device_ = np.params[0].device();
-  // offload_optimizer (stages 1-3; check_supported refuses or warns about the rest).
+  check_offload_devices();
   const auto& oo = zc.offload_optimizer;
-  if (stage > 0 && oo.device == "cpu") {
-    DSCPP_CHECK(device_.is_cpu(), ConfigError,
-                "zero_optimization.offload_optimizer.device \"cpu\" with a model on ", device_,
-                " is not implemented yet: the optimizer would step in pinned host memory. HINT: "
-                "remove offload_optimizer (the state then stays in device memory), or use "
-                "device \"nvme\"");
-    if (comm_->rank() == 0) {
-      DSCPP_LOG_INFO(
-          "zero_optimization.offload_optimizer.device \"cpu\": the model is on the CPU, so its "
-          "optimizer state and fp32 weights already live in CPU memory; nothing moves");
-    }
-  }
-  const bool nvme = stage > 0 && oo.device == "nvme";
-  // offload_param (stage 3; check_supported refuses what cannot work): nvme puts the units'
-  // shards in a swap file (NOTE [stage 3 parameter offload]); the optimizer's fp32 weights then
-  // come from the master weights or from the optimizer's swap file, never from the parameters.
   const auto& op = zc.offload_param;
+  const bool nvme = stage > 0 && oo.device == "nvme";
   const bool param_nvme = stage == 3 && op.device == "nvme";
-  if (stage == 3 && op.device == "cpu") {
-    DSCPP_CHECK(device_.is_cpu(), ConfigError,
-                "zero_optimization.offload_param.device \"cpu\" with a model on ", device_,
-                " is not implemented yet: the shards would wait in pinned host memory. HINT: "
-                "remove offload_param (the shards then stay in device memory), or use device "
-                "\"nvme\"");
-    if (comm_->rank() == 0) {
-      DSCPP_LOG_INFO(
-          "zero_optimization.offload_param.device \"cpu\": the model is on the CPU, so its "
-          "parameter shards already live in CPU memory; nothing moves");
-    }
-  }
   // Where the part's fp32 values live (part_store.h), chosen once.
   precision::PartStoreOptions po;
   po.dtype = dtype_;

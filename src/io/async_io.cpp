@@ -1,6 +1,6 @@
 // Implements AsyncIo (async_io.h): requests split into pieces on one shared queue, drained by
 // workers that each own an io_uring (or, in the fallback, issue pread/pwrite themselves).
-#include "io/async_io.h"
+#include "dscpp/async_io.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -11,7 +11,7 @@
 #include <cstring>
 
 #include "dscpp/error.h"
-#include "io/file_system.h"
+#include "dscpp/file_system.h"
 
 namespace dscpp::io {
 namespace {

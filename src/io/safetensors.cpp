@@ -15,7 +15,7 @@
 #include <sstream>
 
 #include "dscpp/error.h"
-#include "io/file_system.h"
+#include "dscpp/file_system.h"
 #include "io/safetensors_header.h"
 #include "util/crc32c.h"
 #include "util/fault_inject.h"

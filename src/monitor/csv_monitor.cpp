@@ -1,7 +1,7 @@
 // csv_monitor: DeepSpeed's layout (deepspeed/monitor/csv_monitor.py), one CSV file per tag.
 #include <map>
 
-#include "io/file_system.h"
+#include "dscpp/file_system.h"
 #include "monitor/monitor.h"
 
 namespace dscpp::monitor {

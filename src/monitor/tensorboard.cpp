@@ -10,7 +10,7 @@
 #include <cstring>
 
 #include "dscpp/error.h"
-#include "io/file_system.h"
+#include "dscpp/file_system.h"
 #include "monitor/monitor.h"
 #include "util/crc32c.h"
 

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "io/async_io.h"
+#include "dscpp/async_io.h"
 #include "zero/shard_swap.h"
 
 namespace dscpp::offload {

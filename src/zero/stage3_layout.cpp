@@ -42,12 +42,42 @@ Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& com
     : comm_(comm), s3_(s3), fetcher_(comm, s3.debug), model_(&model) {
   DSCPP_CHECK(!np.params.empty(), ConfigError,
               "the model has no trainable parameters (requires_grad). HINT: nothing to train");
-  const int world = comm_.world_size(), rank = comm_.rank();
-  const auto device = np.params[0].device();
   options_ = np.params[0].options().dtype(options.reduce.dtype).requires_grad(false);
   allgather_bucket_size_ = options.allgather_bucket_size;
   find_units(model, s3.units);
+  Assignment a = assign(np);
+  const int64_t in_memory = lay_out(a);
+  tap_ = make_tap ? make_tap(part_numel_) : PartTap();
+  resident_params_ = a.resident.params;
+  resident_names_ = a.resident.names;
+  flatten_resident(a.resident);
+  shard_units(a.sharded, in_memory);
+  check_no_presharded_left(model);
+  build_reducer(a, options.reduce);
+  register_units();
+  if (whole_model_unit_) {
+    if (comm_.rank() == 0) {
+      DSCPP_LOG_WARN(
+          "ZeRO stage 3 without units: the whole model is one unit, kept gathered between "
+          "steps, so stage 3 saves no parameter memory while the model runs. HINT: mark units "
+          "(the repeated blocks, usually): declare a block's holder with DSCPP_ZERO_UNIT(Block) "
+          "instead of TORCH_MODULE(Block) and call it as block(x) (include/dscpp/zero_unit.h); "
+          "or name them in the config's zero_optimization.leaf_module (\"classes\" or "
+          "\"names\") or InitOptions::zero_units and run each one's forward through "
+          "dscpp::zero::call (docs/zero.md, \"Stage 3\"). This model's top-level modules: {}",
+          top_level_modules(model));
+    }
+    gather(0);
+    fetcher_.wait(units_[0].storage);
+  }
+  if (comm_.rank() == 0) report_layout();
+  // NOTE [released reads]; debug mode's released units hold NaN, and its own check walks the
+  // graph at every backward.
+  if (!whole_model_unit_ && !s3_.debug) start_watching();
+}
 
+Stage3::Assignment Stage3::assign(const NamedParams& np) {
+  const auto device = np.params[0].device();
   // Each trainable parameter's unit (the first unit whose subtree holds it), or none.
   // A parameter shared by two units would be released by one while the other runs: refused.
   std::unordered_map<const void*, int> owner;
@@ -63,8 +93,8 @@ Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& com
                   "wte), or leave the modules that share it out of InitOptions::zero_units");
     }
   }
-  NamedParams resident;
-  std::vector<NamedParams> sharded(units_.size());
+  Assignment a;
+  a.sharded.resize(units_.size());
   for (size_t i = 0; i < np.params.size(); ++i) {
     const at::Tensor& p = np.params[i];
     DSCPP_CHECK(p.scalar_type() == at::kFloat && p.device() == device, ConfigError, "parameter '",
@@ -78,17 +108,21 @@ Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& com
                 "' was sharded by zero::Init but is in no unit of InitOptions::zero_units (or "
                 "below its stage3_param_persistence_threshold), so its values are gone. HINT: give "
                 "zero::Init and initialize() the same unit policy and config");
-    NamedParams& dst = shard_it ? sharded[it->second] : resident;
+    NamedParams& dst = shard_it ? a.sharded[it->second] : a.resident;
     dst.params.push_back(p);
     dst.names.push_back(np.names[i]);
   }
+  return a;
+}
 
+int64_t Stage3::lay_out(const Assignment& a) {
+  const int world = comm_.world_size();
   // This rank's part: its shard of the resident group, then its shard of each unit.
-  resident_layout_ = FlatLayout::of(resident.params, world);
+  resident_layout_ = FlatLayout::of(a.resident.params, world);
   const int64_t resident_shard = resident_layout_.shard;
   int64_t shard_total = 0;
   for (size_t u = 0; u < units_.size(); ++u) {
-    units_[u].layout = FlatLayout::of(sharded[u].params, world);
+    units_[u].layout = FlatLayout::of(a.sharded[u].params, world);
     units_[u].part_offset = resident_shard + shard_total;
     shard_total += units_[u].layout.shard;
   }
@@ -97,13 +131,13 @@ Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& com
   // elements go to disk, so the ones in memory are a prefix of the units and the ones on disk the
   // rest of the part.
   int64_t in_memory = shard_total;
-  if (s3.make_param_swapper) {
+  if (s3_.make_param_swapper) {
     std::vector<int64_t> disk_numels;
     int64_t kept = 0;
     for (auto& unit : units_) {
       const int64_t n = unit.layout.shard;
       if (n == 0) continue;
-      if (disk_numels.empty() && kept + n <= s3.max_in_cpu) {
+      if (disk_numels.empty() && kept + n <= s3_.max_in_cpu) {
         kept += n;
         continue;
       }
@@ -112,25 +146,26 @@ Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& com
     }
     in_memory = kept;
     if (!disk_numels.empty()) {
-      param_swap_ = s3.make_param_swapper(disk_numels, options_.dtype().toScalarType());
-    } else if (rank == 0) {
+      param_swap_ = s3_.make_param_swapper(disk_numels, options_.dtype().toScalarType());
+    } else if (comm_.rank() == 0) {
       DSCPP_LOG_INFO(
           "offload_param nvme: this rank's {} shard elements fit zero_optimization.offload_param."
           "max_in_cpu ({}), so every shard stays in memory and nothing goes to disk (as in "
           "DeepSpeed); a lower max_in_cpu (0: none) puts the rest on disk",
-          kept, s3.max_in_cpu);
+          kept, s3_.max_in_cpu);
     }
   }
-  tap_ = make_tap ? make_tap(part_numel_) : PartTap();
-  const PartTap& tap = tap_;
-  resident_params_ = resident.params;
-  resident_names_ = resident.names;
+  return in_memory;
+}
 
+void Stage3::flatten_resident(const NamedParams& resident) {
+  const int64_t resident_shard = resident_layout_.shard;
+  const PartTap& tap = tap_;
   // The resident group: whole on every rank (stage 2's path), first in the flat space.
   if (resident.params.empty()) {
     resident_flat_ = at::zeros({0}, options_);
   } else {
-    const int64_t begin = resident_layout_.shard_offset(rank);
+    const int64_t begin = resident_layout_.shard_offset(comm_.rank());
     FlattenTap rtap;
     if (tap) {
       rtap = [&](int64_t off, const at::Tensor& values) {
@@ -138,9 +173,14 @@ Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& com
       };
     }
     resident_flat_ = flatten_parameters(resident.params, resident.names, resident_layout_,
-                                        options.reduce.dtype, rtap);
+                                        options_.dtype().toScalarType(), rtap);
   }
+}
 
+void Stage3::shard_units(const std::vector<NamedParams>& sharded, int64_t in_memory) {
+  const int rank = comm_.rank();
+  const int64_t resident_shard = resident_layout_.shard;
+  const PartTap& tap = tap_;
   // The units: each one's large parameters sharded; this rank keeps its shards in shards_.
   shards_ = at::zeros({in_memory}, options_);
   {
@@ -191,7 +231,9 @@ Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& com
     }
   }
   return_freed_memory();  // the units' fp32 originals
+}
 
+void Stage3::check_no_presharded_left(torch::nn::Module& model) {
   // A module zero::Init sharded that is no unit here lost its values: refused.
   for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
     std::optional<PreSharded> left = take_presharded(*item.value());
@@ -200,7 +242,12 @@ Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& com
                 "no unit of InitOptions::zero_units, so its parameters cannot be gathered. HINT: "
                 "give zero::Init and initialize() the same unit policy");
   }
+}
 
+void Stage3::build_reducer(const Assignment& a, const ReduceOptions& reduce) {
+  const NamedParams& resident = a.resident;
+  const std::vector<NamedParams>& sharded = a.sharded;
+  const int64_t resident_shard = resident_layout_.shard;
   // The reducer: the resident group (group 0, its buckets last), then the units in order.
   std::vector<at::Tensor> params = resident.params;
   std::vector<std::string> names = resident.names;
@@ -222,55 +269,37 @@ Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& com
   }
   reducer_ = std::make_unique<SlotReducer>(std::move(params), std::move(names), std::move(segments),
                                            std::move(groups), std::move(param_group), comm_,
-                                           options.reduce, /*resident_group=*/0,
+                                           reduce, /*resident_group=*/0,
                                            [this](int group) { on_group_complete(group); });
-  register_units();
-  if (whole_model_unit_) {
-    if (rank == 0) {
-      DSCPP_LOG_WARN(
-          "ZeRO stage 3 without units: the whole model is one unit, kept gathered between "
-          "steps, so stage 3 saves no parameter memory while the model runs. HINT: mark units "
-          "(the repeated blocks, usually): declare a block's holder with DSCPP_ZERO_UNIT(Block) "
-          "instead of TORCH_MODULE(Block) and call it as block(x) (include/dscpp/zero_unit.h); "
-          "or name them in the config's zero_optimization.leaf_module (\"classes\" or "
-          "\"names\") or InitOptions::zero_units and run each one's forward through "
-          "dscpp::zero::call (docs/zero.md, \"Stage 3\"). This model's top-level modules: {}",
-          top_level_modules(model));
-    }
-    gather(0);
-    fetcher_.wait(units_[0].storage);
+}
+
+void Stage3::report_layout() const {
+  int64_t sharded_numel = 0, padded = 0;
+  for (const auto& u : units_) {
+    sharded_numel += u.layout.numel;
+    padded += u.layout.padded;
   }
-  if (rank == 0) {
-    int64_t sharded_numel = 0, padded = 0;
-    for (const auto& u : units_) {
-      sharded_numel += u.layout.numel;
-      padded += u.layout.padded;
-    }
-    // NOTE [stage 3 prefetch order]: unit u's next request after its forward is its backward,
-    // the other units' requests in between; from the first unit that is nearly twice the units'
-    // elements, so a reuse distance that large keeps every unit from forward to backward.
-    if (!whole_model_unit_ && units_.size() > 1 && padded > 0 && s3_.max_reuse_distance >= padded) {
-      const int64_t item = static_cast<int64_t>(c10::elementSize(options_.dtype().toScalarType()));
-      DSCPP_LOG_WARN(
-          "ZeRO stage 3: zero_optimization.stage3_max_reuse_distance {} is at least the {} "
-          "elements of the model's {} units, so units are kept gathered from their forward to "
-          "their backward instead of released after use (DeepSpeed's default, 1e9, does the same "
-          "for any model under 1e9 parameters): up to {:.1f} MiB of whole parameters per rank "
-          "beside the shards, more than stage 2 holds. HINT: to release each unit after use, "
-          "set stage3_max_reuse_distance below the largest unit's elements (0 always releases); "
-          "stage3_max_live_parameters ({}) caps the elements gathered ahead",
-          s3_.max_reuse_distance, padded, units_.size(),
-          static_cast<double>(padded * item) / (1 << 20), s3_.max_live_parameters);
-    }
-    DSCPP_LOG_INFO(
-        "ZeRO stage 3: {} units, {} of {} parameter elements sharded, {} resident "
-        "(whole on every rank: below stage3_param_persistence_threshold {} or in no "
-        "unit)",
-        units_.size(), sharded_numel, numel_, resident_layout_.numel, s3_.persistence_threshold);
+  // NOTE [stage 3 prefetch order]: unit u's next request after its forward is its backward,
+  // the other units' requests in between; from the first unit that is nearly twice the units'
+  // elements, so a reuse distance that large keeps every unit from forward to backward.
+  if (!whole_model_unit_ && units_.size() > 1 && padded > 0 && s3_.max_reuse_distance >= padded) {
+    const int64_t item = static_cast<int64_t>(c10::elementSize(options_.dtype().toScalarType()));
+    DSCPP_LOG_WARN(
+        "ZeRO stage 3: zero_optimization.stage3_max_reuse_distance {} is at least the {} "
+        "elements of the model's {} units, so units are kept gathered from their forward to "
+        "their backward instead of released after use (DeepSpeed's default, 1e9, does the same "
+        "for any model under 1e9 parameters): up to {:.1f} MiB of whole parameters per rank "
+        "beside the shards, more than stage 2 holds. HINT: to release each unit after use, "
+        "set stage3_max_reuse_distance below the largest unit's elements (0 always releases); "
+        "stage3_max_live_parameters ({}) caps the elements gathered ahead",
+        s3_.max_reuse_distance, padded, units_.size(),
+        static_cast<double>(padded * item) / (1 << 20), s3_.max_live_parameters);
   }
-  // NOTE [released reads]; debug mode's released units hold NaN, and its own check walks the
-  // graph at every backward.
-  if (!whole_model_unit_ && !s3_.debug) start_watching();
+  DSCPP_LOG_INFO(
+      "ZeRO stage 3: {} units, {} of {} parameter elements sharded, {} resident "
+      "(whole on every rank: below stage3_param_persistence_threshold {} or in no "
+      "unit)",
+      units_.size(), sharded_numel, numel_, resident_layout_.numel, s3_.persistence_threshold);
 }
 
 Stage3::~Stage3() {

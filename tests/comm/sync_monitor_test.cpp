@@ -7,7 +7,7 @@
 #include <chrono>
 #include <thread>
 
-#include "comm/fault_communicator.h"
+#include "support/fault_communicator.h"
 #include "comm/sync_monitor.h"
 #include "dscpp/comm.h"
 #include "dscpp/error.h"

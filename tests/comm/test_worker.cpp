@@ -17,7 +17,7 @@
 #include <string>
 #include <thread>
 
-#include "comm/fault_communicator.h"
+#include "support/fault_communicator.h"
 #include "dscpp/comm.h"
 #include "dscpp/error.h"
 

@@ -2,7 +2,7 @@
 // flight), refuses unaligned requests at once, and reports failures from wait() with the file
 // and range named; FaultAsyncIo injects what the offload tests need. Also the POSIX file
 // system's atomic write clearing what killed writers left.
-#include "io/async_io.h"
+#include "dscpp/async_io.h"
 
 #include <gtest/gtest.h>
 #include <sys/vfs.h>
@@ -13,8 +13,8 @@
 #include <thread>
 
 #include "dscpp/error.h"
-#include "io/fault_async_io.h"
-#include "io/file_system.h"
+#include "support/fault_async_io.h"
+#include "dscpp/file_system.h"
 #include "support/errors.h"
 #include "support/temp_dir.h"
 

@@ -19,7 +19,7 @@
 
 #include "dscpp/error.h"
 #include "dscpp/models/gpt.h"
-#include "io/file_system.h"
+#include "dscpp/file_system.h"
 #include "support/errors.h"
 #include "support/temp_dir.h"
 

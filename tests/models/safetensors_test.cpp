@@ -17,8 +17,8 @@
 #include "checkpoint/verify.h"
 #include "dscpp/error.h"
 #include "dscpp/models/gpt.h"
-#include "io/fault_file_system.h"
-#include "io/file_system.h"
+#include "support/fault_file_system.h"
+#include "dscpp/file_system.h"
 #include "support/temp_dir.h"
 
 namespace dscpp::safetensors {

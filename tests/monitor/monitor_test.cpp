@@ -14,7 +14,7 @@
 #include <sstream>
 
 #include "engine/test_net.h"
-#include "io/fault_file_system.h"
+#include "support/fault_file_system.h"
 #include "support/subprocess.h"
 #include "support/temp_dir.h"
 #include "util/crc32c.h"

@@ -11,7 +11,7 @@
 
 #include "dscpp/config.h"
 #include "dscpp/optim.h"
-#include "io/async_io.h"
+#include "dscpp/async_io.h"
 #include "offload/optimizer_swapper.h"
 #include "precision/part_store.h"
 #include "support/temp_dir.h"

@@ -4,8 +4,9 @@
 // issues them one by one with pread/pwrite where io_uring is unavailable (the thread-pool
 // fallback, said once at start-up). read()/write() return at once with an IoHandle whose wait()
 // blocks until every piece is done and rethrows the first failure as an IoError naming the file,
-// the range and the system's reason (like comm::Work). Tests wrap the interface
-// (FaultAsyncIo, fault_async_io.h) to inject a full disk, a short write, an EIO or a slow device.
+// the range and the system's reason (like comm::Work). A program may pass its own
+// (InitOptions::async_io); the tests wrap the interface (FaultAsyncIo,
+// tests/support/fault_async_io.h) to inject a full disk, a short write, an EIO or a slow device.
 //
 // Direct I/O bypasses the page cache, so a swap file neither doubles its data in memory nor
 // evicts the training's pages; it needs buffer addresses, offsets and lengths that are multiples

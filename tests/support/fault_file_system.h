@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "io/file_system.h"
+#include "dscpp/file_system.h"
 
 namespace dscpp::io {
 

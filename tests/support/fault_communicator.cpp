@@ -1,5 +1,5 @@
 // Implements FaultCommunicator (see fault_communicator.h).
-#include "comm/fault_communicator.h"
+#include "support/fault_communicator.h"
 
 #include <thread>
 

@@ -1,5 +1,5 @@
 // FaultFileSystem's writable file: counts appends and syncs and applies the configured fault.
-#include "io/fault_file_system.h"
+#include "support/fault_file_system.h"
 
 #include <algorithm>
 

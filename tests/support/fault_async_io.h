@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "io/async_io.h"
+#include "dscpp/async_io.h"
 
 namespace dscpp::io {
 

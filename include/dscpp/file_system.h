@@ -1,8 +1,9 @@
 // FileSystem: the one seam through which dscpp reads and writes files (LevelDB's Env). The POSIX
-// implementation is the default; tests wrap it (FaultFileSystem) to fail the Nth write, tear a
-// file or fill the disk. Reads are positional (pread), so one open file may be read from several
-// threads at once; a WritableFile belongs to the thread that opened it. Every failure is an
-// IoError naming the path and the system's reason.
+// implementation is the default; a program may pass its own (InitOptions::file_system, the
+// safetensors functions' `fs`). The tests wrap it (FaultFileSystem, tests/support/) to fail the
+// Nth write, tear a file or fill the disk. Reads are positional (pread), so one open file may be
+// read from several threads at once; a WritableFile belongs to the thread that opened it. Every
+// failure is an IoError naming the path and the system's reason.
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,5 @@
 // FaultAsyncIo's file: counts requests and applies the configured fault (fault_async_io.h).
-#include "io/fault_async_io.h"
+#include "support/fault_async_io.h"
 
 #include <fmt/format.h>
 

@@ -1,0 +1,10 @@
+# Sources of src/comm: the communicator over c10d (Gloo, NCCL), shared memory between ranks on
+# one host, rings, the sync monitor, the comms logger and the rendezvous (dscpp).
+target_sources(dscpp PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/communicator.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/c10d_communicator.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/ring.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/shm.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/sync_monitor.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/comms_logger.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/rendezvous.cpp)
