@@ -14,10 +14,9 @@
 #include <dscpp/error.h>
 #include <dscpp/file_system.h>
 #include <dscpp/zero_unit.h>
+#include <sys/resource.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
-
-#include <sys/resource.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -165,10 +164,11 @@ int main(int argc, char** argv) {
       if (first < 0) first = loss;
       if (!resume && engine->global_steps() == steps / 2) {
         engine->save_checkpoint(dir);
-        std::printf("rank %d: checkpoint at step %lld: %lld bytes written through the program's "
-                    "file system\n",
-                    engine->rank(), static_cast<long long>(engine->global_steps()),
-                    static_cast<long long>(files.written));
+        std::printf(
+            "rank %d: checkpoint at step %lld: %lld bytes written through the program's "
+            "file system\n",
+            engine->rank(), static_cast<long long>(engine->global_steps()),
+            static_cast<long long>(files.written));
         if (files.written == 0) return 4;  // the seam was not used
       }
     }

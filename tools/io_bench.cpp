@@ -16,8 +16,8 @@
 #include <iostream>
 #include <vector>
 
-#include "dscpp/error.h"
 #include "dscpp/async_io.h"
+#include "dscpp/error.h"
 #include "offload/optimizer_swapper.h"
 #include "tools.h"
 #include "util/log.h"

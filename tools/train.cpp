@@ -116,7 +116,6 @@ void check_args(const TrainArgs& a) {
   DSCPP_CHECK(a.save_interval >= 0, ConfigError, "--save_interval must be >= 0");
   DSCPP_CHECK(!a.save_dir.empty() || (!a.resume && a.save_interval == 0), ConfigError,
               "--resume and --save_interval need --save_dir. HINT: --save_dir DIR");
-
 }
 
 // --device: cpu, cuda:N, or cuda (cuda:LOCAL_RANK modulo the GPUs this host has).
@@ -367,8 +366,7 @@ void evaluate_and_save(models::GPT& model, const TrainArgs& a, const models::GPT
                      100 * acc.token_accuracy, 100 * acc.sequence_accuracy, acc.problems)
               << std::endl;
   }
-  if (rank == 0 && !a.save_final.empty())
-    safetensors::save(*model, a.save_final, gc.to_metadata());
+  if (rank == 0 && !a.save_final.empty()) safetensors::save(*model, a.save_final, gc.to_metadata());
 }
 
 }  // namespace

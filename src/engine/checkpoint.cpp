@@ -19,9 +19,9 @@
 #include "checkpoint/rank_files.h"
 #include "checkpoint/verify.h"
 #include "dscpp/error.h"
+#include "dscpp/file_system.h"
 #include "dscpp/safetensors.h"
 #include "engine/engine_impl.h"
-#include "dscpp/file_system.h"
 #include "util/log.h"
 
 namespace dscpp::engine {
@@ -281,7 +281,7 @@ LoadResult EngineImpl::load_checkpoint(const std::string& dir, const std::string
   const uint64_t bytes_read = read_rank_state(src, opts);        // 3.
   publish_loaded_values();                                       // 4.
   restore_counters(src.manifest, opts);                          // 5.
-  abandon_window();  // the next window starts now
+  abandon_window();                                              // the next window starts now
   const checkpoint::Manifest& m = src.manifest;
   const int world = comm_->world_size();
   if (comm_->rank() == 0) {
@@ -361,11 +361,10 @@ void EngineImpl::check_checkpoint_fits(const LoadSource& src, const LoadOptions&
   for (const auto& r : m.replicated)
     if (trainable_now.count(r.name))
       moved += "\n  '" + r.name + "': frozen or a buffer when saved, trainable now";
-  DSCPP_CHECK(
-      moved.empty(), CheckpointError, "checkpoint '", folder,
-      "' does not fit this model: parameters changed between trainable and frozen:", moved,
-      "\nHINT: load it with the model as it was saved, then freeze or unfreeze; or "
-      "consolidate it with dscpp zero-to-fp32 and load that with safetensors::load_into");
+  DSCPP_CHECK(moved.empty(), CheckpointError, "checkpoint '", folder,
+              "' does not fit this model: parameters changed between trainable and frozen:", moved,
+              "\nHINT: load it with the model as it was saved, then freeze or unfreeze; or "
+              "consolidate it with dscpp zero-to-fp32 and load that with safetensors::load_into");
   if (load_states) {
     DSCPP_CHECK(m.optimizer == optimizer_->name(), CheckpointError, "checkpoint '", folder,
                 "' holds the state of optimizer ", m.optimizer, ", this engine runs ",
@@ -374,8 +373,7 @@ void EngineImpl::check_checkpoint_fits(const LoadSource& src, const LoadOptions&
                 "optimizer's state afresh from the loaded weights");
     for (const auto& [name, state] : optimizer_->state()) {
       DSCPP_CHECK(std::find(m.states.begin(), m.states.end(), name) != m.states.end(),
-                  CheckpointError, "checkpoint '", folder, "' has no optimizer state '", name,
-                  "'");
+                  CheckpointError, "checkpoint '", folder, "' has no optimizer state '", name, "'");
     }
   }
   if (opts.load_lr_scheduler_states && !opts.load_module_only && !m.lr_scheduler.empty()) {

@@ -17,11 +17,11 @@
 #include <string>
 
 #include "checkpoint/manifest.h"
+#include "dscpp/async_io.h"
 #include "dscpp/engine.h"
 #include "dscpp/lr_schedule.h"
 #include "dscpp/optim.h"
 #include "dscpp/safetensors.h"
-#include "dscpp/async_io.h"
 #include "monitor/monitor.h"
 #include "precision/loss_scaler.h"
 #include "precision/part_store.h"
@@ -203,9 +203,9 @@ class EngineImpl {
   std::shared_ptr<torch::optim::Optimizer> client_optimizer_;
   std::shared_ptr<torch::optim::LRScheduler> client_lr_scheduler_;
   zero::UnitPolicy zero_units_;
-  io::FileSystem* file_system_ = nullptr;  // checkpoints' file access; null: POSIX
-  at::Device device_ = at::kCPU;           // the trainable parameters' device
-  at::ScalarType dtype_ = at::kFloat;      // training dtype of parameters and gradients
+  io::FileSystem* file_system_ = nullptr;          // checkpoints' file access; null: POSIX
+  at::Device device_ = at::kCPU;                   // the trainable parameters' device
+  at::ScalarType dtype_ = at::kFloat;              // training dtype of parameters and gradients
   std::unique_ptr<precision::LossScaler> scaler_;  // fp16 only
   std::string store_report_;  // what the store's disk did in this window, for the step log
   // Set when a failure left the ranks' states apart (an offloaded step that failed on some

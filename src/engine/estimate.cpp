@@ -11,9 +11,9 @@
 #include <mutex>
 #include <string>
 
+#include "dscpp/async_io.h"
 #include "dscpp/error.h"
 #include "dscpp/optim.h"
-#include "dscpp/async_io.h"
 #include "util/log.h"
 
 namespace dscpp::engine {

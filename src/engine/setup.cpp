@@ -14,13 +14,13 @@
 #include "engine/check_supported.h"
 #include "engine/engine_impl.h"
 #include "engine/estimate.h"
+#include "offload/optimizer_swapper.h"
+#include "offload/param_swapper.h"
 #include "util/fault_inject.h"
 #include "util/log.h"
 #include "util/memory.h"
 #include "zero/presharded.h"
 #include "zero/reducer.h"
-#include "offload/optimizer_swapper.h"
-#include "offload/param_swapper.h"
 #include "zero/stage3.h"
 #include "zero/unit_policy.h"
 
@@ -94,7 +94,7 @@ void EngineImpl::check_same_model_on_every_rank() {
   };
   constexpr uint64_t kFnvBasis = 14695981039346656037ULL;
   uint64_t hash = kFnvBasis;
-  std::vector<double> each;            // per parameter, its own hash
+  std::vector<double> each;  // per parameter, its own hash
   int64_t elements = 0;
   std::optional<at::Device> device;
   for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
@@ -418,7 +418,7 @@ constexpr decltype(statfs::f_type) kTmpfsMagic = 0x01021994, kRamfsMagic = 0x858
 }  // namespace
 
 std::unique_ptr<offload::OptimizerSwapper> EngineImpl::build_swapper(int64_t part_numel,
-                                                                      bool with_values) {
+                                                                     bool with_values) {
   const auto& oo = config_.zero_optimization.offload_optimizer;
   offload::SwapperOptions so;
   so.path = fmt::format("{}/dscpp_optimizer_rank{}_pid{}.swp", oo.nvme_path.value_or(""),

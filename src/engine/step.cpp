@@ -106,7 +106,9 @@ void EngineImpl::backward(const at::Tensor& loss) {
               micro_steps_ % gas + 1, " of ", gas,
               "). HINT: call step() after every backward(), as in DeepSpeed: step() counts the "
               "micro-steps and applies the optimizer update only at the gradient accumulation "
-              "boundary, every ", gas, " calls (the DDP habit of several backward() calls and one "
+              "boundary, every ",
+              gas,
+              " calls (the DDP habit of several backward() calls and one "
               "step() accumulates here through gradient_accumulation_steps instead)");
   strategy_->before_backward(loss);
   auto t0 = Clock::now();
@@ -511,8 +513,7 @@ MemoryStats EngineImpl::memory_stats() {
   }
   m.staging = strategy_->staging_bytes();
   m.gathered = strategy_->gathered_peak_bytes();
-  m.offload_buffers =
-      store_->buffer_bytes() + strategy_->param_swap_buffer_bytes();
+  m.offload_buffers = store_->buffer_bytes() + strategy_->param_swap_buffer_bytes();
   return m;
 }
 

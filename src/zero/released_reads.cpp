@@ -2,8 +2,8 @@
 // stage3.h): a RecordFunction observer on the engine's thread.
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
-#include <torch/nn/module.h>
 #include <fmt/format.h>
+#include <torch/nn/module.h>
 
 #include <string_view>
 #include <unordered_set>
@@ -25,8 +25,14 @@ thread_local int tl_own_ops = 0;
 // the same storage taken by libtorch itself): a released unit may meet them.
 bool reads_no_values(const char* op) {
   static const std::unordered_set<std::string_view> kMetadataOnly = {
-      "aten::_has_compatible_shallow_copy_type", "aten::set_", "aten::detach", "aten::alias",
-      "aten::size", "aten::sym_size", "aten::stride", "aten::is_same_size"};
+      "aten::_has_compatible_shallow_copy_type",
+      "aten::set_",
+      "aten::detach",
+      "aten::alias",
+      "aten::size",
+      "aten::sym_size",
+      "aten::stride",
+      "aten::is_same_size"};
   return kMetadataOnly.count(op) > 0;
 }
 
@@ -49,7 +55,8 @@ std::unique_ptr<at::ObserverContext> watch_inputs(const at::RecordFunction& fn) 
 // A module's holder as a user names it: "BlockImpl" -> "Block", "ns::BlockImpl" -> "Block".
 std::string holder_name(std::string type) {
   if (auto colons = type.rfind("::"); colons != std::string::npos) type = type.substr(colons + 2);
-  if (type.size() > 4 && type.compare(type.size() - 4, 4, "Impl") == 0) type.resize(type.size() - 4);
+  if (type.size() > 4 && type.compare(type.size() - 4, 4, "Impl") == 0)
+    type.resize(type.size() - 4);
   return type;
 }
 
@@ -64,8 +71,9 @@ void Stage3::start_watching() {
   }
   reported_.assign(units_.size(), 0);
   tl_watchers.push_back(registry_id_);
-  watch_handle_ = at::addThreadLocalCallback(
-      at::RecordFunctionCallback(watch_inputs).needsInputs(true).scopes({at::RecordScope::FUNCTION}));
+  watch_handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(watch_inputs)
+                                                 .needsInputs(true)
+                                                 .scopes({at::RecordScope::FUNCTION}));
 }
 
 void Stage3::stop_watching() {
@@ -96,11 +104,12 @@ void Stage3::check_read(const at::Tensor& t, const char* op) noexcept {
       const std::string hint =
           type.rfind("torch::nn::", 0) == 0
               ? call
-              : fmt::format("declare its holder with DSCPP_ZERO_UNIT({0}) instead of "
-                            "TORCH_MODULE({0}) and call it through the holder, as block(x) "
-                            "(include/dscpp/zero_unit.h; ->forward(x), torch::nn::Sequential and "
-                            "AnyModule reach the module past its holder), or {1}",
-                            holder_name(type), call);
+              : fmt::format(
+                    "declare its holder with DSCPP_ZERO_UNIT({0}) instead of "
+                    "TORCH_MODULE({0}) and call it through the holder, as block(x) "
+                    "(include/dscpp/zero_unit.h; ->forward(x), torch::nn::Sequential and "
+                    "AnyModule reach the module past its holder), or {1}",
+                    holder_name(type), call);
       const std::string msg = fmt::format(
           "stage-3 unit '{}' ({}) ran outside dscpp::zero::call: {} read its parameters while "
           "the unit was released. dscpp gathered it for that read, so this forward's values are "

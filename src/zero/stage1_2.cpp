@@ -8,8 +8,8 @@
 #include <ATen/ATen.h>
 
 #include "dscpp/error.h"
-#include "zero/shard_all_gather.h"
 #include "zero/reduce_scatter.h"
+#include "zero/shard_all_gather.h"
 #include "zero/strategy.h"
 
 namespace dscpp::zero {

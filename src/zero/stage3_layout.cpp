@@ -268,8 +268,8 @@ void Stage3::build_reducer(const Assignment& a, const ReduceOptions& reduce) {
     base += unit.layout.padded;
   }
   reducer_ = std::make_unique<SlotReducer>(std::move(params), std::move(names), std::move(segments),
-                                           std::move(groups), std::move(param_group), comm_,
-                                           reduce, /*resident_group=*/0,
+                                           std::move(groups), std::move(param_group), comm_, reduce,
+                                           /*resident_group=*/0,
                                            [this](int group) { on_group_complete(group); });
 }
 

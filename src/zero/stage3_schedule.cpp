@@ -387,7 +387,7 @@ void Stage3::check_order_across_ranks() {
 }
 
 void Stage3::before_update() {
-  OwnOps own;  // NOTE [released reads]
+  OwnOps own;                                                  // NOTE [released reads]
   if (whole_model_unit_) fetcher_.release(units_[0].storage);  // the step runs on the shards
 }
 

@@ -1,8 +1,9 @@
 // make_strategy (strategy.h): the ZeRO stage chosen once, here.
+#include "zero/strategy.h"
+
 #include <algorithm>
 
 #include "zero/stage3.h"
-#include "zero/strategy.h"
 
 namespace dscpp::zero {
 namespace {

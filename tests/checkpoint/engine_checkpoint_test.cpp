@@ -13,8 +13,8 @@
 #include "dscpp/engine.h"
 #include "dscpp/zero.h"
 #include "engine/test_net.h"
-#include "support/fault_file_system.h"
 #include "support/errors.h"
+#include "support/fault_file_system.h"
 #include "support/temp_dir.h"
 #include "support/thread_ranks.h"
 

@@ -16,10 +16,10 @@
 
 #include "checkpoint/publish.h"
 #include "dscpp/error.h"
-#include "dscpp/safetensors.h"
-#include "support/fault_file_system.h"
 #include "dscpp/file_system.h"
+#include "dscpp/safetensors.h"
 #include "support/errors.h"
+#include "support/fault_file_system.h"
 #include "support/subprocess.h"
 #include "support/temp_dir.h"
 #include "util/crc32c.h"

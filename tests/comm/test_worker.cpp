@@ -17,9 +17,9 @@
 #include <string>
 #include <thread>
 
-#include "support/fault_communicator.h"
 #include "dscpp/comm.h"
 #include "dscpp/error.h"
+#include "support/fault_communicator.h"
 
 using namespace dscpp;
 using namespace dscpp::comm;
@@ -45,7 +45,8 @@ void run_ops(Communicator& c) {
     for (int q = 0; q < r; ++q) off += counts[q];
     auto out = at::empty({counts[r]});
     c.reduce_scatter(out, rank_input(r, n), counts)->wait();
-    require(at::allclose(out, sum.narrow(0, off, counts[r])), "reduce_scatter n=" + std::to_string(n));
+    require(at::allclose(out, sum.narrow(0, off, counts[r])),
+            "reduce_scatter n=" + std::to_string(n));
     auto gathered = at::empty({n});
     c.all_gather(gathered, rank_input(r, n).narrow(0, off, counts[r]).contiguous(), counts)->wait();
     std::vector<at::Tensor> parts;
@@ -84,7 +85,8 @@ int main(int argc, char** argv) {
     if (scenario == "ops") {
       run_ops(*comm);
     } else if (scenario == "rendezvous") {
-      std::cout << "rank " << comm->rank() << " of " << comm->world_size() << " joined" << std::endl;
+      std::cout << "rank " << comm->rank() << " of " << comm->world_size() << " joined"
+                << std::endl;
     } else if (scenario == "skip") {
       comm = std::make_shared<FaultCommunicator>(comm, Fault{Fault::Kind::skip, 1, 2});
       comm->set_step(7);

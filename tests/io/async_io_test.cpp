@@ -13,9 +13,9 @@
 #include <thread>
 
 #include "dscpp/error.h"
-#include "support/fault_async_io.h"
 #include "dscpp/file_system.h"
 #include "support/errors.h"
+#include "support/fault_async_io.h"
 #include "support/temp_dir.h"
 
 namespace dscpp::io {

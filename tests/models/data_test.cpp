@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "dscpp/error.h"
-#include "dscpp/models/gpt.h"
 #include "dscpp/file_system.h"
+#include "dscpp/models/gpt.h"
 #include "support/errors.h"
 #include "support/temp_dir.h"
 

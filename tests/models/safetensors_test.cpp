@@ -16,9 +16,9 @@
 
 #include "checkpoint/verify.h"
 #include "dscpp/error.h"
+#include "dscpp/file_system.h"
 #include "dscpp/models/gpt.h"
 #include "support/fault_file_system.h"
-#include "dscpp/file_system.h"
 #include "support/temp_dir.h"
 
 namespace dscpp::safetensors {

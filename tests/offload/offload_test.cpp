@@ -12,14 +12,14 @@
 #include <filesystem>
 #include <fstream>
 
+#include "dscpp/async_io.h"
 #include "dscpp/engine.h"
 #include "dscpp/error.h"
 #include "engine/test_net.h"
-#include "dscpp/async_io.h"
-#include "support/fault_async_io.h"
 #include "offload/optimizer_swapper.h"
 #include "offload/param_swapper.h"
 #include "support/errors.h"
+#include "support/fault_async_io.h"
 #include "support/temp_dir.h"
 #include "support/thread_ranks.h"
 

@@ -2,6 +2,8 @@
 // and the optimizer's states live (the parameters, master weights, the swap file with or without
 // the values), the same gradients give the same parameters, values and states; and a checkpoint's
 // view of them (values(), read()) and write() followed by publish() round-trip.
+#include "precision/part_store.h"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -9,11 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "dscpp/async_io.h"
 #include "dscpp/config.h"
 #include "dscpp/optim.h"
-#include "dscpp/async_io.h"
 #include "offload/optimizer_swapper.h"
-#include "precision/part_store.h"
 #include "support/temp_dir.h"
 
 using dscpp::testing::TempDir;
@@ -77,7 +78,8 @@ Trajectory run(const Kind& k, const std::string& optimizer, const std::string& d
 
   // The parts as a strategy lays them out: rank 0's fp32 values handed to the tap, the parameters
   // cast into the training dtype.
-  at::Tensor fp32 = at::randn({kPartNumel}, at::TensorOptions().dtype(at::kFloat).requires_grad(false));
+  at::Tensor fp32 =
+      at::randn({kPartNumel}, at::TensorOptions().dtype(at::kFloat).requires_grad(false));
   at::Tensor params = fp32.to(k.dtype), grads = at::zeros({kPartNumel}, k.dtype);
   std::vector<zero::Part> parts;
   for (size_t i = 0; i < kOffsets.size(); ++i) {
@@ -91,7 +93,8 @@ Trajectory run(const Kind& k, const std::string& optimizer, const std::string& d
   EXPECT_EQ(tap == nullptr, k.dtype == at::kFloat && !k.params_on_disk);
   store->flush();
 
-  auto opt = optim::make_optimizer(oc, store->holds_optimizer_states() ? 0 : kPartNumel, at::kFloat);
+  auto opt =
+      optim::make_optimizer(oc, store->holds_optimizer_states() ? 0 : kPartNumel, at::kFloat);
   for (int step = 1; step <= 3; ++step) {
     at::manual_seed(100 + step);
     grads.copy_(at::randn({kPartNumel}).to(k.dtype));

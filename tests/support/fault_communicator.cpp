@@ -36,14 +36,15 @@ WorkHandle FaultCommunicator::intercept(const char* what) {
       return std::make_shared<DoneWork>();
     case Fault::Kind::fail:
       DSCPP_LOG_WARN("fault injection: rank {} fails collective {} ({})", fault_.rank, n, what);
-      return std::make_shared<DoneWork>(std::make_exception_ptr(
-          CommError(std::string("injected failure of ") + what)));
+      return std::make_shared<DoneWork>(
+          std::make_exception_ptr(CommError(std::string("injected failure of ") + what)));
     case Fault::Kind::delay:
-      DSCPP_LOG_WARN("fault injection: rank {} delays collective {} ({}) by {} ms", fault_.rank,
-                     n, what, fault_.delay.count());
+      DSCPP_LOG_WARN("fault injection: rank {} delays collective {} ({}) by {} ms", fault_.rank, n,
+                     what, fault_.delay.count());
       std::this_thread::sleep_for(fault_.delay);
       return nullptr;
-    case Fault::Kind::none: break;
+    case Fault::Kind::none:
+      break;
   }
   return nullptr;
 }
