@@ -383,6 +383,38 @@ struct CheckpointConfig {
   CheckpointParallelWriteConfig parallel_write;
 };
 
+// elasticity (deepspeed/elasticity/constants.py): the batch triple chosen so that one
+// train_batch_size is valid at many world sizes (src/config/elasticity.h). When enabled it sets
+// the batch triple at resolve_batch(); the three batch keys must then be absent unless
+// ignore_non_elastic_batch_info.
+struct ElasticityConfig {
+  bool enabled = false;
+  // The largest train_batch_size acceptable. Default 2000; >= every micro batch size. Required
+  // when enabled.
+  int64_t max_train_batch_size = 2000;
+  // The micro batch sizes a rank may run. Default [2, 4, 6]; each > 0. Required when enabled.
+  std::vector<int64_t> micro_batch_sizes = {2, 4, 6};
+  // The range of world sizes (GPUs; ranks here) the job may run at. Defaults 1 and 10000;
+  // 1 <= min_gpus <= max_gpus.
+  int64_t min_gpus = 1;
+  int64_t max_gpus = 10000;
+  // Ranks per node: version 0.2 scales by whole nodes. Default 1; >= 1.
+  int64_t num_gpus_per_node = 1;
+  // Model parallelism inside the elastic world. Default 1; dscpp has none, so only 1.
+  int64_t model_parallel_size = 1;
+  // Minutes a resource scheduler should let the job run before rescaling it; read by
+  // schedulers, not by the engine (as in DeepSpeed). Default 0; >= 0.
+  double min_time = 0;
+  // Among batch sizes valid at equally many world sizes, the larger one. Default true.
+  bool prefer_larger_batch = true;
+  // Batch keys given beside an enabled elasticity section: false (default) refuses them, true
+  // ignores them (DeepSpeed's rule).
+  bool ignore_non_elastic_batch_info = false;
+  // The algorithm: 0.1 or 0.2 (default; node-level scaling, and a world size outside the valid
+  // list still trains, with a batch size of its own).
+  double version = 0.2;
+};
+
 // comms_logger (deepspeed/comm/constants.py).
 struct CommsLoggerConfig {
   // Time and log collectives. Default false.
@@ -493,6 +525,7 @@ struct Config {
   AioConfig aio;
   ActivationCheckpointingConfig activation_checkpointing;
   CheckpointConfig checkpoint;
+  ElasticityConfig elasticity;
   CommsLoggerConfig comms_logger;
   FlopsProfilerConfig flops_profiler;
   MonitorConfig csv_monitor;
@@ -525,6 +558,8 @@ struct Config {
   // showing the arithmetic when the triple is missing, not positive or inconsistent. May be
   // called again (for another world size); each call starts from the values given.
   void resolve_batch(int world_size, const std::string& world_source);
+  // resolve_batch() with elasticity enabled: the elastic batch (src/config/elasticity.h).
+  void resolve_elastic_batch(int world_size, const std::string& world_source);
 
   // Multi-line, human-readable: every value in force, one "path = value" per line, derived
   // values marked "(derived: ...)" and "auto"-resolved ones "(auto -> default)".

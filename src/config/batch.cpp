@@ -16,10 +16,15 @@
 // then asserts T > 0, M > 0, G > 0 (in that order) and T == M * G * W. dscpp does exactly this,
 // so a config resolves to the same triple in both, and fails in both. "auto" on a batch key
 // means "not given" (HF Trainer fills these in; here the triangle does).
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <string>
 
+#include "config/elasticity.h"
+#include "config/json_reader.h"
 #include "dscpp/config.h"
 #include "dscpp/error.h"
 #include "util/log.h"
@@ -45,6 +50,40 @@ int64_t mul(int64_t a, int64_t b) {
   return __builtin_mul_overflow(a, b, &r) ? std::numeric_limits<int64_t>::max() : r;
 }
 
+// A resource scheduler that scaled the job saw the elastic config in DEEPSPEED_ELASTICITY_CONFIG
+// (DeepSpeed's variable): the batch bounds and version the engine uses must be the ones it saw.
+void check_scheduler_saw(const ElasticityConfig& e) {
+  const char* env = std::getenv("DEEPSPEED_ELASTICITY_CONFIG");
+  if (!env) return;
+  nlohmann::json seen;
+  try {
+    seen = nlohmann::json::parse(env);
+  } catch (const nlohmann::json::exception& ex) {
+    DSCPP_FAIL(ConfigError, "DEEPSPEED_ELASTICITY_CONFIG is not JSON: ", ex.what());
+  }
+  DSCPP_CHECK(seen.is_object(), ConfigError,
+              "DEEPSPEED_ELASTICITY_CONFIG is not a JSON object: ", seen.dump());
+  // A key the scheduler's copy leaves out has DeepSpeed's default there.
+  const ElasticityConfig defaults;
+  auto differs = [&](const char* key, const auto& ours, const auto& fallback) {
+    using T = std::decay_t<decltype(ours)>;
+    T theirs = fallback;
+    try {
+      if (seen.contains(key)) theirs = seen[key].get<T>();
+    } catch (const nlohmann::json::exception&) {
+      DSCPP_FAIL(ConfigError, "DEEPSPEED_ELASTICITY_CONFIG: ", key, " is ", seen[key].dump());
+    }
+    DSCPP_CHECK(theirs == ours, ConfigError, "elasticity.", key,
+                " differs from what the resource scheduler saw in DEEPSPEED_ELASTICITY_CONFIG (",
+                seen.contains(key) ? seen[key].dump() : std::string("absent: the default"),
+                "), so it may scale the job to a world size this config cannot "
+                "train. HINT: give the scheduler and the job the same elasticity section");
+  };
+  differs("max_train_batch_size", e.max_train_batch_size, defaults.max_train_batch_size);
+  differs("micro_batch_sizes", e.micro_batch_sizes, defaults.micro_batch_sizes);
+  differs("version", e.version, defaults.version);
+}
+
 }  // namespace
 
 void Config::resolve_batch(int world_size, const std::string& world_source) {
@@ -52,6 +91,7 @@ void Config::resolve_batch(int world_size, const std::string& world_source) {
   DSCPP_CHECK(world_size >= 1, ConfigError,
               "cannot resolve the batch sizes: the data-parallel world size must be >= 1, got ",
               world_size, " (from ", world_source, ")");
+  if (elasticity.enabled) return resolve_elastic_batch(world_size, world_source);
   const int64_t W = world_size;
   const std::string ws = "world size " + s(W);
   const std::optional<int>& t = train_batch_size;
@@ -152,6 +192,52 @@ void Config::resolve_batch(int world_size, const std::string& world_source) {
   }
   DSCPP_LOG_DEBUG("config: batch resolved: {} {} = {} {} * {} {} * world size {} ({})", kT, T.v, kM,
                   M.v, kG, G.v, W, where);
+}
+
+void Config::resolve_elastic_batch(int world_size, const std::string& world_source) {
+  // NOTE [elastic batch] (src/config/elasticity.h): the section sets all three keys.
+  const std::string where = "world size " + s(world_size) + " from " + world_source;
+  std::string given;
+  for (const auto& [key, v] :
+       {std::pair<const char*, const std::optional<int>&>{kT, train_batch_size},
+        {kM, train_micro_batch_size_per_gpu},
+        {kG, gradient_accumulation_steps}}) {
+    if (v) given += (given.empty() ? "" : ", ") + std::string(key) + " " + s(*v);
+  }
+  DSCPP_CHECK(given.empty() || elasticity.ignore_non_elastic_batch_info, ConfigError,
+              "elasticity is enabled, so it sets the batch sizes, but the config also gives ",
+              given,
+              " (DeepSpeed refuses this too). HINT: remove them, or set "
+              "elasticity.ignore_non_elastic_batch_info to true to have them ignored");
+  check_scheduler_saw(elasticity);
+  const config::ElasticBatch b = config::elastic_batch(elasticity, world_size);
+  DSCPP_CHECK(b.train_batch_size <= std::numeric_limits<int>::max(), ConfigError,
+              "elasticity: train_batch_size ", b.train_batch_size, " is too large");
+  if (!given.empty()) {
+    const std::string w = "elasticity sets the batch sizes: " + given + " ignored " +
+                          "(elasticity.ignore_non_elastic_batch_info)";
+    if (std::find(warnings.begin(), warnings.end(), w) == warnings.end()) {  // once per config
+      warnings.push_back(w);
+      DSCPP_LOG_WARN("{}", w);
+    }
+  }
+  std::string valid;
+  for (int64_t v : b.valid_world_sizes) valid += (valid.empty() ? "" : ", ") + s(v);
+  batch.train_batch_size = static_cast<int>(b.train_batch_size);
+  batch.train_micro_batch_size_per_gpu = static_cast<int>(b.micro_batch);
+  batch.gradient_accumulation_steps = static_cast<int>(b.gradient_accumulation_steps);
+  batch.world_size = world_size;
+  batch.world_source = world_source;
+  origins[kT] = "elasticity: valid at world sizes [" + valid + "]";
+  origins[kM] = "elasticity: the largest micro_batch_sizes entry dividing " +
+                s(b.train_batch_size) + " / world size " + s(world_size);
+  origins[kG] = "elasticity: " + s(b.train_batch_size) + " / (" + s(b.micro_batch) +
+                " * world size " + s(world_size) + ")";
+  DSCPP_LOG_INFO(
+      "elasticity (version {}): train_batch_size {} at world sizes [{}]; at {} ({}): "
+      "micro batch {}, gradient accumulation {}",
+      config::format_double(elasticity.version), b.train_batch_size, valid, world_size, where,
+      b.micro_batch, b.gradient_accumulation_steps);
 }
 
 }  // namespace dscpp

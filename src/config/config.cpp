@@ -1,6 +1,9 @@
-// Implements Config::parse / from_json (one function per DeepSpeed config section, each reading
-// its keys through a JsonReader, see NOTE [strict config reading]) and Config::describe().
-// The batch triangle lives in batch.cpp.
+// Implements Config::parse / from_json and Config::describe(). Each DeepSpeed config section's
+// plain keys are one table (NOTE [config keys] in keys.h) that both read and describe; what a
+// table line cannot say (deprecated spellings, defaults that depend on another key, rules over
+// two keys, the scheduler's required keys) is code in the section's parse function, reading
+// through the same JsonReader (NOTE [strict config reading]). The batch triangle lives in
+// batch.cpp.
 #include "dscpp/config.h"
 
 #include <cerrno>
@@ -12,60 +15,42 @@
 #include <type_traits>
 
 #include "config/json_reader.h"
+#include "config/keys.h"
 #include "dscpp/error.h"
 #include "util/log.h"
 #include "util/strings.h"
 
 namespace dscpp {
 
+using config::above;
+using config::at_least;
+using config::betas;
+using config::Describer;
+using config::even_above_zero;
 using config::format_double;
+using config::fraction;
 using config::JsonReader;
+using config::Keys;
 using config::ParseNotes;
+using config::Rule;
 using nlohmann::json;
 
 namespace {
 
-// ----- range checks: each throws ConfigError "<path>: must be ..., got ..." -------------------
+// ----- sections ---------------------------------------------------------------------------------
 
-template <typename T>
-std::string text(T v) {
-  if constexpr (std::is_floating_point_v<T>) {
-    return format_double(v);
-  } else {
-    return std::to_string(v);
-  }
+// describe()'s condition for a section's keys past `enabled`.
+template <typename S>
+bool enabled(const S& s) {
+  return s.enabled;
 }
 
-template <typename T>
-void check_ge(const JsonReader& r, std::string_view key, T v, T min) {
-  if (!(v >= min)) r.fail(key, "must be >= " + text(min) + ", got " + text(v));
-}
-
-template <typename T>
-void check_gt(const JsonReader& r, std::string_view key, T v, T min) {
-  if (!(v > min)) r.fail(key, "must be > " + text(min) + ", got " + text(v));
-}
-
-void check_unit(const JsonReader& r, std::string_view key, double v) {
-  if (!(v >= 0.0 && v <= 1.0)) r.fail(key, "must be in [0, 1], got " + format_double(v));
-}
-
-void check_betas(const JsonReader& r, std::string_view key, const std::array<double, 2>& b) {
-  for (double x : b) {
-    if (!(x >= 0.0 && x < 1.0))
-      r.fail(key, "each beta must be in [0, 1), got [" + format_double(b[0]) + ", " +
-                      format_double(b[1]) + "]");
-  }
-}
-
-void check_one_of(const JsonReader& r, std::string_view key, const std::string& v,
-                  const std::vector<std::string>& allowed) {
-  for (const std::string& a : allowed)
-    if (v == a) return;
-  std::string msg = "must be one of " + join(allowed, ", ") + ", got \"" + v + "\"";
-  const std::string near = nearest_match(v, allowed);
-  if (!near.empty()) msg += "; did you mean '" + near + "'?";
-  r.fail(key, msg);
+// A section that is its table alone.
+template <typename S>
+void read_section(JsonReader& root, std::string_view name, const Keys<S>& keys, S* s) {
+  JsonReader r = root.child(name);
+  keys.read(r, *s);
+  r.finish();
 }
 
 // ----- optimizer ------------------------------------------------------------------------------
@@ -76,86 +61,94 @@ const std::vector<std::string> kOptimizerTypes = {"Adam",    "AdamW", "SGD",
 const std::vector<std::string> kDeepSpeedOnlyOptimizers = {
     "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "MuAdam", "MuAdamW", "MuSGD", "Muon"};
 
+const Keys<AdamParams>& adam_keys() {
+  using A = AdamParams;
+  static const Keys<A> k = Keys<A>()
+                               .key("lr", &A::lr, at_least(0.0))
+                               .key("betas", &A::betas, betas())
+                               .key("eps", &A::eps, at_least(0.0))
+                               .key("weight_decay", &A::weight_decay, at_least(0.0))
+                               .key("bias_correction", &A::bias_correction)
+                               .key("adam_w_mode", &A::adam_w_mode)
+                               .key("amsgrad", &A::amsgrad)
+                               .key("torch_adam", &A::torch_adam);
+  return k;
+}
+
 void parse_adam(JsonReader& p, bool adamw, AdamParams* a) {
-  p.get("lr", &a->lr);
-  check_ge(p, "lr", a->lr, 0.0);
-  p.get("betas", &a->betas);
-  check_betas(p, "betas", a->betas);
-  p.get("eps", &a->eps);
-  check_ge(p, "eps", a->eps, 0.0);
-  p.get("weight_decay", &a->weight_decay);
-  check_ge(p, "weight_decay", a->weight_decay, 0.0);
-  p.get("bias_correction", &a->bias_correction);
-  p.get("adam_w_mode", &a->adam_w_mode);
+  adam_keys().read(p, *a);
   if (adamw && !a->adam_w_mode) {
     p.notes().warn(p.path("adam_w_mode") +
                    " is false but type AdamW always decouples weight decay (as in DeepSpeed); "
                    "ignored. HINT: use type Adam with adam_w_mode false for L2 regularisation");
     a->adam_w_mode = true;
   }
-  p.get("amsgrad", &a->amsgrad);
   if (a->amsgrad)
     p.fail("amsgrad", "true is not supported (DeepSpeed's fused Adam rejects it too)");
-  p.get("torch_adam", &a->torch_adam);
+}
+
+const Keys<SgdParams>& sgd_keys() {
+  using S = SgdParams;
+  static const Keys<S> k = Keys<S>()
+                               .key("lr", &S::lr, at_least(0.0))
+                               .key("momentum", &S::momentum, at_least(0.0))
+                               .key("dampening", &S::dampening)
+                               .key("weight_decay", &S::weight_decay, at_least(0.0))
+                               .key("nesterov", &S::nesterov);
+  return k;
 }
 
 void parse_sgd(JsonReader& p, SgdParams* s) {
-  p.get("lr", &s->lr);
-  check_ge(p, "lr", s->lr, 0.0);
-  p.get("momentum", &s->momentum);
-  check_ge(p, "momentum", s->momentum, 0.0);
-  p.get("dampening", &s->dampening);
-  p.get("weight_decay", &s->weight_decay);
-  check_ge(p, "weight_decay", s->weight_decay, 0.0);
-  p.get("nesterov", &s->nesterov);
+  sgd_keys().read(p, *s);
   if (s->nesterov && (s->momentum <= 0.0 || s->dampening != 0.0))
     p.fail("nesterov",
            "true needs momentum > 0 and dampening 0 (as torch.optim.SGD), got momentum " +
                format_double(s->momentum) + ", dampening " + format_double(s->dampening));
 }
 
-void parse_adagrad(JsonReader& p, AdagradParams* a) {
-  p.get("lr", &a->lr);
-  check_ge(p, "lr", a->lr, 0.0);
-  p.get("lr_decay", &a->lr_decay);
-  check_ge(p, "lr_decay", a->lr_decay, 0.0);
-  p.get("weight_decay", &a->weight_decay);
-  check_ge(p, "weight_decay", a->weight_decay, 0.0);
-  p.get("initial_accumulator_value", &a->initial_accumulator_value);
-  check_ge(p, "initial_accumulator_value", a->initial_accumulator_value, 0.0);
-  p.get("eps", &a->eps);
-  check_ge(p, "eps", a->eps, 0.0);
+const Keys<AdagradParams>& adagrad_keys() {
+  using A = AdagradParams;
+  static const Keys<A> k =
+      Keys<A>()
+          .key("lr", &A::lr, at_least(0.0))
+          .key("lr_decay", &A::lr_decay, at_least(0.0))
+          .key("weight_decay", &A::weight_decay, at_least(0.0))
+          .key("initial_accumulator_value", &A::initial_accumulator_value, at_least(0.0))
+          .key("eps", &A::eps, at_least(0.0));
+  return k;
+}
+
+const Keys<LambParams>& lamb_keys() {
+  using L = LambParams;
+  static const Keys<L> k = Keys<L>()
+                               .key("lr", &L::lr, at_least(0.0))
+                               .key("bias_correction", &L::bias_correction)
+                               .key("betas", &L::betas, betas())
+                               .key("eps", &L::eps, at_least(0.0))
+                               .key("eps_inside_sqrt", &L::eps_inside_sqrt)
+                               .key("weight_decay", &L::weight_decay, at_least(0.0))
+                               .key("max_grad_norm", &L::max_grad_norm, at_least(0.0))
+                               .key("max_coeff", &L::max_coeff)
+                               .key("min_coeff", &L::min_coeff)
+                               .key("amsgrad", &L::amsgrad);
+  return k;
 }
 
 void parse_lamb(JsonReader& p, LambParams* l) {
-  p.get("lr", &l->lr);
-  check_ge(p, "lr", l->lr, 0.0);
-  p.get("bias_correction", &l->bias_correction);
-  p.get("betas", &l->betas);
-  check_betas(p, "betas", l->betas);
-  p.get("eps", &l->eps);
-  check_ge(p, "eps", l->eps, 0.0);
-  p.get("eps_inside_sqrt", &l->eps_inside_sqrt);
-  p.get("weight_decay", &l->weight_decay);
-  check_ge(p, "weight_decay", l->weight_decay, 0.0);
-  p.get("max_grad_norm", &l->max_grad_norm);
-  check_ge(p, "max_grad_norm", l->max_grad_norm, 0.0);
-  p.get("max_coeff", &l->max_coeff);
-  p.get("min_coeff", &l->min_coeff);
+  lamb_keys().read(p, *l);
   if (!(l->min_coeff <= l->max_coeff))
     p.fail("min_coeff", "must be <= max_coeff " + format_double(l->max_coeff) + ", got " +
                             format_double(l->min_coeff));
-  p.get("amsgrad", &l->amsgrad);
   if (l->amsgrad) p.fail("amsgrad", "true is not supported (DeepSpeed's FusedLamb rejects it too)");
 }
 
-void parse_lion(JsonReader& p, LionParams* l) {
-  p.get("lr", &l->lr);
-  check_ge(p, "lr", l->lr, 0.0);
-  p.get("betas", &l->betas);
-  check_betas(p, "betas", l->betas);
-  p.get("weight_decay", &l->weight_decay);
-  check_ge(p, "weight_decay", l->weight_decay, 0.0);
+const Keys<LionParams>& lion_keys() {
+  using L = LionParams;
+  static const Keys<L> k = Keys<L>()
+                               .key("lr", &L::lr, at_least(0.0))
+                               .key("betas", &L::betas, betas())
+                               .key("weight_decay", &L::weight_decay, at_least(0.0));
+  return k;
 }
 
 void parse_optimizer(JsonReader& root, OptimizerConfig* o) {
@@ -188,11 +181,11 @@ void parse_optimizer(JsonReader& root, OptimizerConfig* o) {
   } else if (o->type == "SGD") {
     parse_sgd(p, &o->sgd);
   } else if (o->type == "Adagrad") {
-    parse_adagrad(p, &o->adagrad);
+    adagrad_keys().read(p, o->adagrad);
   } else if (o->type == "Lamb") {
     parse_lamb(p, &o->lamb);
   } else {
-    parse_lion(p, &o->lion);
+    lion_keys().read(p, o->lion);
   }
   p.finish();
   r.finish();
@@ -203,14 +196,90 @@ void parse_optimizer(JsonReader& root, OptimizerConfig* o) {
 const std::vector<std::string> kSchedulerTypes = {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR",
                                                   "OneCycle", "LRRangeTest"};
 
-void read_warmup_type(JsonReader& p, std::string* t) {
-  p.get("warmup_type", t);
-  check_one_of(p, "warmup_type", *t, {"log", "linear"});
+const char* const kWhyTotal = "the schedule needs the total number of optimizer steps";
+
+Rule<std::string> warmup_types() { return config::one_of({"log", "linear"}); }
+
+const Keys<WarmupLRParams>& warmup_lr_keys() {
+  using W = WarmupLRParams;
+  static const Keys<W> k =
+      Keys<W>()
+          .key("warmup_min_lr", &W::warmup_min_lr, at_least(0.0))
+          .key("warmup_max_lr", &W::warmup_max_lr)
+          .unset_means("the optimizer's lr")
+          .key("warmup_num_steps", &W::warmup_num_steps, at_least<int64_t>(0))
+          .key("warmup_type", &W::warmup_type, warmup_types())
+          .key("last_batch_iteration", &W::last_batch_iteration, at_least<int64_t>(-1));
+  return k;
 }
 
-void read_last_batch_iteration(JsonReader& p, int64_t* v) {
-  p.get("last_batch_iteration", v);
-  check_ge<int64_t>(p, "last_batch_iteration", *v, -1);
+const Keys<WarmupDecayLRParams>& warmup_decay_lr_keys() {
+  using W = WarmupDecayLRParams;
+  static const Keys<W> k =
+      Keys<W>()
+          .required("total_num_steps", &W::total_num_steps, kWhyTotal, above<int64_t>(0))
+          .key("warmup_min_lr", &W::warmup_min_lr, at_least(0.0))
+          .key("warmup_max_lr", &W::warmup_max_lr)
+          .key("warmup_num_steps", &W::warmup_num_steps, at_least<int64_t>(0))
+          .key("warmup_type", &W::warmup_type, warmup_types())
+          .key("last_batch_iteration", &W::last_batch_iteration, at_least<int64_t>(-1));
+  return k;
+}
+
+const Keys<WarmupCosineLRParams>& warmup_cosine_lr_keys() {
+  using W = WarmupCosineLRParams;
+  static const Keys<W> k =
+      Keys<W>()
+          .required("total_num_steps", &W::total_num_steps, kWhyTotal, above<int64_t>(0))
+          .key("warmup_min_ratio", &W::warmup_min_ratio, fraction())
+          .key("warmup_num_steps", &W::warmup_num_steps, at_least<int64_t>(0))
+          .key("cos_min_ratio", &W::cos_min_ratio, fraction())
+          .key("warmup_type", &W::warmup_type, warmup_types())
+          .key("last_batch_iteration", &W::last_batch_iteration, at_least<int64_t>(-1));
+  return k;
+}
+
+const Keys<OneCycleParams>& one_cycle_keys() {
+  using C = OneCycleParams;
+  static const Keys<C> k =
+      Keys<C>()
+          .required("cycle_min_lr", &C::cycle_min_lr, "it is the lower LR of the cycle",
+                    at_least(0.0))
+          .required("cycle_max_lr", &C::cycle_max_lr, "it is the upper LR of the cycle")
+          .key("decay_lr_rate", &C::decay_lr_rate, at_least(0.0))
+          .key("cycle_first_step_size", &C::cycle_first_step_size, above<int64_t>(0))
+          .key("cycle_second_step_size", &C::cycle_second_step_size,
+               config::when_set(above<int64_t>(0)))
+          .key("cycle_first_stair_count", &C::cycle_first_stair_count, at_least<int64_t>(0))
+          .key("cycle_second_stair_count", &C::cycle_second_stair_count,
+               config::when_set(at_least<int64_t>(0)))
+          .key("decay_step_size", &C::decay_step_size, at_least<int64_t>(0))
+          .key("cycle_momentum", &C::cycle_momentum)
+          .key("cycle_min_mom", &C::cycle_min_mom, fraction())
+          .key("cycle_max_mom", &C::cycle_max_mom, fraction())
+          .key("decay_mom_rate", &C::decay_mom_rate, at_least(0.0))
+          .key("last_batch_iteration", &C::last_batch_iteration, at_least<int64_t>(-1));
+  return k;
+}
+
+const Keys<LRRangeTestParams>& lr_range_test_keys() {
+  using T = LRRangeTestParams;
+  static const Keys<T> k =
+      Keys<T>()
+          .key("lr_range_test_min_lr", &T::lr_range_test_min_lr, at_least(0.0))
+          .key("lr_range_test_step_size", &T::lr_range_test_step_size, above<int64_t>(0))
+          .key("lr_range_test_step_rate", &T::lr_range_test_step_rate, at_least(0.0))
+          .key("lr_range_test_staircase", &T::lr_range_test_staircase)
+          .key("last_batch_iteration", &T::last_batch_iteration, at_least<int64_t>(-1));
+  return k;
+}
+
+// DeepSpeed warns when the warmup is longer than the whole schedule.
+void warn_short_schedule(const JsonReader& p, int64_t total, int64_t warmup) {
+  if (total < warmup)
+    p.notes().warn(p.path("total_num_steps") + " " + std::to_string(total) +
+                   " is less than warmup_num_steps " + std::to_string(warmup) +
+                   " (DeepSpeed warns too)");
 }
 
 void parse_scheduler(JsonReader& root, SchedulerConfig* s) {
@@ -230,87 +299,25 @@ void parse_scheduler(JsonReader& root, SchedulerConfig* s) {
     r.fail("type", msg + " dscpp supports " + join(kSchedulerTypes, ", ") + " (exact spelling)");
   }
   JsonReader p = r.child("params");
-  const std::string why_total = "the schedule needs the total number of optimizer steps";
   if (s->type == "WarmupLR") {
     WarmupLRParams& w = s->warmup_lr;
-    p.get("warmup_min_lr", &w.warmup_min_lr);
-    check_ge(p, "warmup_min_lr", w.warmup_min_lr, 0.0);
-    p.get("warmup_max_lr", &w.warmup_max_lr);
-    if (w.warmup_max_lr) check_ge(p, "warmup_max_lr", *w.warmup_max_lr, w.warmup_min_lr);
-    p.get("warmup_num_steps", &w.warmup_num_steps);
-    check_ge<int64_t>(p, "warmup_num_steps", w.warmup_num_steps, 0);
-    read_warmup_type(p, &w.warmup_type);
-    read_last_batch_iteration(p, &w.last_batch_iteration);
+    warmup_lr_keys().read(p, w);
+    if (w.warmup_max_lr) at_least(w.warmup_min_lr).check(p, "warmup_max_lr", *w.warmup_max_lr);
   } else if (s->type == "WarmupDecayLR") {
     WarmupDecayLRParams& w = s->warmup_decay_lr;
-    p.require("total_num_steps", &w.total_num_steps, why_total);
-    check_gt<int64_t>(p, "total_num_steps", w.total_num_steps, 0);
-    p.get("warmup_min_lr", &w.warmup_min_lr);
-    check_ge(p, "warmup_min_lr", w.warmup_min_lr, 0.0);
-    p.get("warmup_max_lr", &w.warmup_max_lr);
-    check_ge(p, "warmup_max_lr", w.warmup_max_lr, w.warmup_min_lr);
-    p.get("warmup_num_steps", &w.warmup_num_steps);
-    check_ge<int64_t>(p, "warmup_num_steps", w.warmup_num_steps, 0);
-    read_warmup_type(p, &w.warmup_type);
-    read_last_batch_iteration(p, &w.last_batch_iteration);
-    if (w.total_num_steps < w.warmup_num_steps)
-      p.notes().warn(p.path("total_num_steps") + " " + std::to_string(w.total_num_steps) +
-                     " is less than warmup_num_steps " + std::to_string(w.warmup_num_steps) +
-                     " (DeepSpeed warns too)");
+    warmup_decay_lr_keys().read(p, w);
+    at_least(w.warmup_min_lr).check(p, "warmup_max_lr", w.warmup_max_lr);
+    warn_short_schedule(p, w.total_num_steps, w.warmup_num_steps);
   } else if (s->type == "WarmupCosineLR") {
     WarmupCosineLRParams& w = s->warmup_cosine_lr;
-    p.require("total_num_steps", &w.total_num_steps, why_total);
-    check_gt<int64_t>(p, "total_num_steps", w.total_num_steps, 0);
-    p.get("warmup_min_ratio", &w.warmup_min_ratio);
-    check_unit(p, "warmup_min_ratio", w.warmup_min_ratio);
-    p.get("warmup_num_steps", &w.warmup_num_steps);
-    check_ge<int64_t>(p, "warmup_num_steps", w.warmup_num_steps, 0);
-    p.get("cos_min_ratio", &w.cos_min_ratio);
-    check_unit(p, "cos_min_ratio", w.cos_min_ratio);
-    read_warmup_type(p, &w.warmup_type);
-    read_last_batch_iteration(p, &w.last_batch_iteration);
-    if (w.total_num_steps < w.warmup_num_steps)
-      p.notes().warn(p.path("total_num_steps") + " " + std::to_string(w.total_num_steps) +
-                     " is less than warmup_num_steps " + std::to_string(w.warmup_num_steps) +
-                     " (DeepSpeed warns too)");
+    warmup_cosine_lr_keys().read(p, w);
+    warn_short_schedule(p, w.total_num_steps, w.warmup_num_steps);
   } else if (s->type == "OneCycle") {
     OneCycleParams& c = s->one_cycle;
-    p.require("cycle_min_lr", &c.cycle_min_lr, "it is the lower LR of the cycle");
-    check_ge(p, "cycle_min_lr", c.cycle_min_lr, 0.0);
-    p.require("cycle_max_lr", &c.cycle_max_lr, "it is the upper LR of the cycle");
-    check_ge(p, "cycle_max_lr", c.cycle_max_lr, c.cycle_min_lr);
-    p.get("decay_lr_rate", &c.decay_lr_rate);
-    check_ge(p, "decay_lr_rate", c.decay_lr_rate, 0.0);
-    p.get("cycle_first_step_size", &c.cycle_first_step_size);
-    check_gt<int64_t>(p, "cycle_first_step_size", c.cycle_first_step_size, 0);
-    p.get("cycle_second_step_size", &c.cycle_second_step_size);
-    if (c.cycle_second_step_size)
-      check_gt<int64_t>(p, "cycle_second_step_size", *c.cycle_second_step_size, 0);
-    p.get("cycle_first_stair_count", &c.cycle_first_stair_count);
-    check_ge<int64_t>(p, "cycle_first_stair_count", c.cycle_first_stair_count, 0);
-    p.get("cycle_second_stair_count", &c.cycle_second_stair_count);
-    if (c.cycle_second_stair_count)
-      check_ge<int64_t>(p, "cycle_second_stair_count", *c.cycle_second_stair_count, 0);
-    p.get("decay_step_size", &c.decay_step_size);
-    check_ge<int64_t>(p, "decay_step_size", c.decay_step_size, 0);
-    p.get("cycle_momentum", &c.cycle_momentum);
-    p.get("cycle_min_mom", &c.cycle_min_mom);
-    check_unit(p, "cycle_min_mom", c.cycle_min_mom);
-    p.get("cycle_max_mom", &c.cycle_max_mom);
-    check_unit(p, "cycle_max_mom", c.cycle_max_mom);
-    p.get("decay_mom_rate", &c.decay_mom_rate);
-    check_ge(p, "decay_mom_rate", c.decay_mom_rate, 0.0);
-    read_last_batch_iteration(p, &c.last_batch_iteration);
+    one_cycle_keys().read(p, c);
+    at_least(c.cycle_min_lr).check(p, "cycle_max_lr", c.cycle_max_lr);
   } else {
-    LRRangeTestParams& t = s->lr_range_test;
-    p.get("lr_range_test_min_lr", &t.lr_range_test_min_lr);
-    check_ge(p, "lr_range_test_min_lr", t.lr_range_test_min_lr, 0.0);
-    p.get("lr_range_test_step_size", &t.lr_range_test_step_size);
-    check_gt<int64_t>(p, "lr_range_test_step_size", t.lr_range_test_step_size, 0);
-    p.get("lr_range_test_step_rate", &t.lr_range_test_step_rate);
-    check_ge(p, "lr_range_test_step_rate", t.lr_range_test_step_rate, 0.0);
-    p.get("lr_range_test_staircase", &t.lr_range_test_staircase);
-    read_last_batch_iteration(p, &t.last_batch_iteration);
+    lr_range_test_keys().read(p, s->lr_range_test);
   }
   p.finish();
   r.finish();
@@ -318,23 +325,32 @@ void parse_scheduler(JsonReader& root, SchedulerConfig* s) {
 
 // ----- precision ------------------------------------------------------------------------------
 
+// initial_scale_power: 2^p must be a finite float scale.
+Rule<int> scale_power() {
+  return {[](const JsonReader& r, std::string_view key, const int& v) {
+    at_least(0).check(r, key, v);
+    if (v >= 64) r.fail(key, "must be < 64, got " + std::to_string(v));
+  }};
+}
+
+const Keys<Fp16Config>& fp16_keys() {
+  using F = Fp16Config;
+  static const Keys<F> k =
+      Keys<F>()
+          .key("enabled", &F::enabled)
+          .key("auto_cast", &F::auto_cast, {}, enabled<F>)
+          .key("loss_scale", &F::loss_scale, at_least(0.0), enabled<F>)
+          .key("initial_scale_power", &F::initial_scale_power, scale_power(), enabled<F>)
+          .key("loss_scale_window", &F::loss_scale_window, above(0), enabled<F>)
+          .key("hysteresis", &F::hysteresis, at_least(1), enabled<F>)
+          .key("consecutive_hysteresis", &F::consecutive_hysteresis, {}, enabled<F>)
+          .key("min_loss_scale", &F::min_loss_scale, above(0.0), enabled<F>);
+  return k;
+}
+
 void parse_fp16(JsonReader& root, Fp16Config* f) {
   JsonReader r = root.child("fp16");
-  r.get("enabled", &f->enabled);
-  r.get("auto_cast", &f->auto_cast);
-  r.get("loss_scale", &f->loss_scale);
-  check_ge(r, "loss_scale", f->loss_scale, 0.0);
-  r.get("initial_scale_power", &f->initial_scale_power);
-  check_ge(r, "initial_scale_power", f->initial_scale_power, 0);
-  if (f->initial_scale_power >= 64)
-    r.fail("initial_scale_power", "must be < 64, got " + std::to_string(f->initial_scale_power));
-  r.get("loss_scale_window", &f->loss_scale_window);
-  check_gt(r, "loss_scale_window", f->loss_scale_window, 0);
-  r.get("hysteresis", &f->hysteresis);
-  check_ge(r, "hysteresis", f->hysteresis, 1);
-  r.get("consecutive_hysteresis", &f->consecutive_hysteresis);
-  r.get("min_loss_scale", &f->min_loss_scale);
-  check_gt(r, "min_loss_scale", f->min_loss_scale, 0.0);
+  fp16_keys().read(r, *f);
   r.unimplemented("fp16_master_weights_and_grads");
   r.unimplemented("fused_mode");
   r.finish();
@@ -358,7 +374,7 @@ void parse_bf16(JsonReader& root, Bf16Config* b) {
 void read_offload_device(JsonReader& r, std::string* device,
                          std::optional<std::string>* nvme_path) {
   r.get("device", device);
-  check_one_of(r, "device", *device, {"none", "cpu", "nvme"});
+  config::one_of({"none", "cpu", "nvme"}).check(r, "device", *device);
   r.get("nvme_path", nvme_path);
   if (*device == "nvme" && (!*nvme_path || (*nvme_path)->empty()))
     r.fail("nvme_path",
@@ -366,32 +382,48 @@ void read_offload_device(JsonReader& r, std::string* device,
            "fast local disk");
 }
 
+template <typename S>
+bool offloaded(const S& o) {
+  return o.device != "none";
+}
+
+const Keys<OffloadOptimizerConfig>& offload_optimizer_keys() {
+  using O = OffloadOptimizerConfig;
+  static const Keys<O> k =
+      Keys<O>()
+          .key("buffer_count", &O::buffer_count, at_least<int64_t>(0), offloaded<O>)
+          .key("pin_memory", &O::pin_memory, {}, offloaded<O>)
+          .key("pipeline_read", &O::pipeline_read, {}, offloaded<O>)
+          .key("pipeline_write", &O::pipeline_write, {}, offloaded<O>)
+          .key("fast_init", &O::fast_init, {}, offloaded<O>)
+          .key("ratio", &O::ratio, fraction(), offloaded<O>);
+  return k;
+}
+
 void parse_offload_optimizer(JsonReader& zr, OffloadOptimizerConfig* o) {
   JsonReader r = zr.child("offload_optimizer");
   read_offload_device(r, &o->device, &o->nvme_path);
-  r.get("buffer_count", &o->buffer_count);
-  check_ge<int64_t>(r, "buffer_count", o->buffer_count, 0);
-  r.get("pin_memory", &o->pin_memory);
-  r.get("pipeline_read", &o->pipeline_read);
-  r.get("pipeline_write", &o->pipeline_write);
-  r.get("fast_init", &o->fast_init);
-  r.get("ratio", &o->ratio);
-  check_unit(r, "ratio", o->ratio);
+  offload_optimizer_keys().read(r, *o);
   r.unimplemented("super_offload");
   r.unimplemented("cpuadam_cores_perc");
   r.finish();
 }
 
+const Keys<OffloadParamConfig>& offload_param_keys() {
+  using O = OffloadParamConfig;
+  static const Keys<O> k =
+      Keys<O>()
+          .key("buffer_count", &O::buffer_count, at_least<int64_t>(0), offloaded<O>)
+          .key("buffer_size", &O::buffer_size, at_least<int64_t>(0), offloaded<O>)
+          .key("max_in_cpu", &O::max_in_cpu, at_least<int64_t>(0), offloaded<O>)
+          .key("pin_memory", &O::pin_memory, {}, offloaded<O>);
+  return k;
+}
+
 void parse_offload_param(JsonReader& zr, OffloadParamConfig* o) {
   JsonReader r = zr.child("offload_param");
   read_offload_device(r, &o->device, &o->nvme_path);
-  r.get("buffer_count", &o->buffer_count);
-  check_ge<int64_t>(r, "buffer_count", o->buffer_count, 0);
-  r.get("buffer_size", &o->buffer_size);
-  check_ge<int64_t>(r, "buffer_size", o->buffer_size, 0);
-  r.get("max_in_cpu", &o->max_in_cpu);
-  check_ge<int64_t>(r, "max_in_cpu", o->max_in_cpu, 0);
-  r.get("pin_memory", &o->pin_memory);
+  offload_param_keys().read(r, *o);
   r.finish();
 }
 
@@ -419,6 +451,31 @@ void parse_leaf_module(JsonReader& zr, ZeroLeafModuleConfig* l) {
   r.finish();
 }
 
+bool zero_stage3(const ZeroConfig& z) { return z.stage == 3; }
+
+const Keys<ZeroConfig>& zero_keys() {
+  using Z = ZeroConfig;
+  static const Keys<Z> k =
+      Keys<Z>()
+          .key("contiguous_gradients", &Z::contiguous_gradients)
+          .key("reduce_scatter", &Z::reduce_scatter)
+          .key("reduce_bucket_size", &Z::reduce_bucket_size, above<int64_t>(0))
+          .key("allgather_partitions", &Z::allgather_partitions)
+          .key("allgather_bucket_size", &Z::allgather_bucket_size, even_above_zero())
+          .key("round_robin_gradients", &Z::round_robin_gradients)
+          .key("sub_group_size", &Z::sub_group_size, above<int64_t>(0))
+          .key("ignore_unused_parameters", &Z::ignore_unused_parameters)
+          .key("stage3_prefetch_bucket_size", &Z::stage3_prefetch_bucket_size, at_least<int64_t>(0),
+               zero_stage3, "prefetch_bucket_size")
+          .key("stage3_param_persistence_threshold", &Z::stage3_param_persistence_threshold,
+               at_least<int64_t>(0), zero_stage3, "param_persistence_threshold")
+          .key("stage3_max_live_parameters", &Z::stage3_max_live_parameters, at_least<int64_t>(0),
+               zero_stage3, "max_live_parameters")
+          .key("stage3_max_reuse_distance", &Z::stage3_max_reuse_distance, at_least<int64_t>(0),
+               zero_stage3, "max_reuse_distance");
+  return k;
+}
+
 void parse_zero(JsonReader& root, ZeroConfig* z) {
   if (const json* v = root.raw("zero_optimization"); v && v->is_boolean())
     root.fail("zero_optimization",
@@ -428,7 +485,6 @@ void parse_zero(JsonReader& root, ZeroConfig* z) {
   r.get("stage", &z->stage);
   if (z->stage < 0 || z->stage > 3)
     r.fail("stage", "must be 0, 1, 2 or 3, got " + std::to_string(z->stage));
-  r.get("contiguous_gradients", &z->contiguous_gradients);
   // DeepSpeed: overlap_comm defaults to (stage == 3).
   z->overlap_comm = z->stage == 3;
   if (!r.get("overlap_comm", &z->overlap_comm))
@@ -436,30 +492,7 @@ void parse_zero(JsonReader& root, ZeroConfig* z) {
         r.path("overlap_comm"),
         (r.notes().origins && r.notes().origins->count(r.path("overlap_comm")) ? "auto -> " : "") +
             std::string("default for stage ") + std::to_string(z->stage));
-  r.get("reduce_scatter", &z->reduce_scatter);
-  r.get("reduce_bucket_size", &z->reduce_bucket_size);
-  check_gt<int64_t>(r, "reduce_bucket_size", z->reduce_bucket_size, 0);
-  r.get("allgather_partitions", &z->allgather_partitions);
-  r.get("allgather_bucket_size", &z->allgather_bucket_size);
-  check_gt<int64_t>(r, "allgather_bucket_size", z->allgather_bucket_size, 0);
-  if (z->allgather_bucket_size % 2 != 0)
-    r.fail("allgather_bucket_size", "must be a multiple of 2 (DeepSpeed asserts this), got " +
-                                        std::to_string(z->allgather_bucket_size));
-  r.get("round_robin_gradients", &z->round_robin_gradients);
-  r.get("sub_group_size", &z->sub_group_size);
-  check_gt<int64_t>(r, "sub_group_size", z->sub_group_size, 0);
-  r.get_aliased("stage3_prefetch_bucket_size", "prefetch_bucket_size",
-                &z->stage3_prefetch_bucket_size);
-  check_ge<int64_t>(r, "stage3_prefetch_bucket_size", z->stage3_prefetch_bucket_size, 0);
-  r.get_aliased("stage3_param_persistence_threshold", "param_persistence_threshold",
-                &z->stage3_param_persistence_threshold);
-  check_ge<int64_t>(r, "stage3_param_persistence_threshold", z->stage3_param_persistence_threshold,
-                    0);
-  r.get_aliased("stage3_max_live_parameters", "max_live_parameters",
-                &z->stage3_max_live_parameters);
-  check_ge<int64_t>(r, "stage3_max_live_parameters", z->stage3_max_live_parameters, 0);
-  r.get_aliased("stage3_max_reuse_distance", "max_reuse_distance", &z->stage3_max_reuse_distance);
-  check_ge<int64_t>(r, "stage3_max_reuse_distance", z->stage3_max_reuse_distance, 0);
+  zero_keys().read(r, *z);
   const bool gather_given = r.get_aliased("stage3_gather_16bit_weights_on_model_save",
                                           "gather_16bit_weights_on_model_save",
                                           &z->stage3_gather_16bit_weights_on_model_save);
@@ -474,7 +507,6 @@ void parse_zero(JsonReader& root, ZeroConfig* z) {
                    " is deprecated (as in DeepSpeed); read as "
                    "stage3_gather_16bit_weights_on_model_save");
   }
-  r.get("ignore_unused_parameters", &z->ignore_unused_parameters);
   parse_leaf_module(r, &z->leaf_module);
   parse_offload_optimizer(r, &z->offload_optimizer);
   parse_offload_param(r, &z->offload_param);
@@ -564,17 +596,22 @@ void parse_zero(JsonReader& root, ZeroConfig* z) {
 
 // ----- the smaller sections -------------------------------------------------------------------
 
+const Keys<AioConfig>& aio_keys() {
+  using A = AioConfig;
+  static const Keys<A> k =
+      Keys<A>()
+          .key("block_size", &A::block_size, above<int64_t>(0))
+          .key("queue_depth", &A::queue_depth, above<int64_t>(0))
+          // DeepSpeed's newer spelling of the I/O threads per rank.
+          .key("thread_count", &A::thread_count, above<int64_t>(0), nullptr, "intra_op_parallelism")
+          .key("single_submit", &A::single_submit)
+          .key("overlap_events", &A::overlap_events);
+  return k;
+}
+
 void parse_aio(JsonReader& root, AioConfig* a) {
   JsonReader r = root.child("aio");
-  r.get("block_size", &a->block_size);
-  check_gt<int64_t>(r, "block_size", a->block_size, 0);
-  r.get("queue_depth", &a->queue_depth);
-  check_gt<int64_t>(r, "queue_depth", a->queue_depth, 0);
-  // DeepSpeed's newer spelling of the I/O threads per rank.
-  r.get_aliased("thread_count", "intra_op_parallelism", &a->thread_count);
-  check_gt<int64_t>(r, "thread_count", a->thread_count, 0);
-  r.get("single_submit", &a->single_submit);
-  r.get("overlap_events", &a->overlap_events);
+  aio_keys().read(r, *a);
   bool gds = false;
   if (r.get("use_gds", &gds) && gds) {
     r.fail("use_gds",
@@ -584,16 +621,17 @@ void parse_aio(JsonReader& root, AioConfig* a) {
   r.finish();
 }
 
-void parse_activation_checkpointing(JsonReader& root, ActivationCheckpointingConfig* a) {
-  JsonReader r = root.child("activation_checkpointing");
-  r.get("partition_activations", &a->partition_activations);
-  r.get("cpu_checkpointing", &a->cpu_checkpointing);
-  r.get("contiguous_memory_optimization", &a->contiguous_memory_optimization);
-  r.get("number_checkpoints", &a->number_checkpoints);
-  if (a->number_checkpoints) check_gt<int64_t>(r, "number_checkpoints", *a->number_checkpoints, 0);
-  r.get("synchronize_checkpoint_boundary", &a->synchronize_checkpoint_boundary);
-  r.get("profile", &a->profile);
-  r.finish();
+const Keys<ActivationCheckpointingConfig>& activation_checkpointing_keys() {
+  using A = ActivationCheckpointingConfig;
+  static const Keys<A> k =
+      Keys<A>()
+          .key("partition_activations", &A::partition_activations)
+          .key("cpu_checkpointing", &A::cpu_checkpointing)
+          .key("contiguous_memory_optimization", &A::contiguous_memory_optimization)
+          .key("number_checkpoints", &A::number_checkpoints, config::when_set(above<int64_t>(0)))
+          .key("synchronize_checkpoint_boundary", &A::synchronize_checkpoint_boundary)
+          .key("profile", &A::profile);
+  return k;
 }
 
 void parse_checkpoint(JsonReader& root, CheckpointConfig* c) {
@@ -620,36 +658,93 @@ void parse_checkpoint(JsonReader& root, CheckpointConfig* c) {
   r.finish();
 }
 
-void parse_comms_logger(JsonReader& root, CommsLoggerConfig* c) {
-  JsonReader r = root.child("comms_logger");
-  r.get("enabled", &c->enabled);
-  r.get("verbose", &c->verbose);
-  r.get("prof_all", &c->prof_all);
-  r.get("debug", &c->debug);
-  r.get("prof_ops", &c->prof_ops);
-  r.finish();
+const Keys<CommsLoggerConfig>& comms_logger_keys() {
+  using C = CommsLoggerConfig;
+  static const Keys<C> k = Keys<C>()
+                               .key("enabled", &C::enabled)
+                               .key("verbose", &C::verbose, {}, enabled<C>)
+                               .key("prof_all", &C::prof_all, {}, enabled<C>)
+                               .key("debug", &C::debug, {}, enabled<C>)
+                               .key("prof_ops", &C::prof_ops, {}, enabled<C>);
+  return k;
+}
+
+const Keys<FlopsProfilerConfig>& flops_profiler_keys() {
+  using F = FlopsProfilerConfig;
+  static const Keys<F> k =
+      Keys<F>()
+          .key("enabled", &F::enabled)
+          .key("profile_step", &F::profile_step, at_least<int64_t>(0), enabled<F>)
+          .key("module_depth", &F::module_depth, at_least<int64_t>(-1), enabled<F>)
+          .key("top_modules", &F::top_modules, at_least<int64_t>(0), enabled<F>)
+          .key("detailed", &F::detailed, {}, enabled<F>)
+          .key("output_file", &F::output_file, {}, enabled<F>);
+  return k;
 }
 
 void parse_flops_profiler(JsonReader& root, FlopsProfilerConfig* f) {
   JsonReader r = root.child("flops_profiler");
-  r.get("enabled", &f->enabled);
-  r.get("profile_step", &f->profile_step);
-  check_ge<int64_t>(r, "profile_step", f->profile_step, 0);
-  r.get("module_depth", &f->module_depth);
-  check_ge<int64_t>(r, "module_depth", f->module_depth, -1);
-  r.get("top_modules", &f->top_modules);
-  check_ge<int64_t>(r, "top_modules", f->top_modules, 0);
-  r.get("detailed", &f->detailed);
-  r.get("output_file", &f->output_file);
+  flops_profiler_keys().read(r, *f);
   r.unimplemented("recompute_fwd_factor");
   r.finish();
 }
 
-void parse_monitor(JsonReader& root, const char* section, MonitorConfig* m) {
-  JsonReader r = root.child(section);
-  r.get("enabled", &m->enabled);
-  r.get("output_path", &m->output_path);
-  r.get("job_name", &m->job_name);
+const Keys<MonitorConfig>& monitor_keys() {
+  using M = MonitorConfig;
+  static const Keys<M> k = Keys<M>()
+                               .key("enabled", &M::enabled)
+                               .key("output_path", &M::output_path, {}, enabled<M>)
+                               .key("job_name", &M::job_name, {}, enabled<M>);
+  return k;
+}
+
+const Keys<ElasticityConfig>& elasticity_keys() {
+  using E = ElasticityConfig;
+  static const Rule<std::vector<int64_t>> sizes{
+      [](const JsonReader& r, std::string_view key, const std::vector<int64_t>& v) {
+        if (v.empty()) r.fail(key, "must list at least one micro batch size");
+        for (int64_t m : v)
+          if (m <= 0) r.fail(key, "must hold positive integers, got " + std::to_string(m));
+      }};
+  static const Rule<int64_t> no_model_parallel{
+      [](const JsonReader& r, std::string_view key, const int64_t& v) {
+        if (v != 1)
+          r.fail(key, std::to_string(v) +
+                          " is not supported: dscpp has no model parallelism. HINT: remove it");
+      }};
+  static const Rule<double> versions{[](const JsonReader& r, std::string_view key,
+                                        const double& v) {
+    if (v != 0.1 && v != 0.2)
+      r.fail(key, "must be 0.1 or 0.2 (DeepSpeed's elasticity versions), got " + format_double(v));
+  }};
+  static const Keys<E> k =
+      Keys<E>()
+          .key("enabled", &E::enabled)
+          .key("max_train_batch_size", &E::max_train_batch_size, above<int64_t>(0), enabled<E>)
+          .key("micro_batch_sizes", &E::micro_batch_sizes, sizes, enabled<E>)
+          .key("min_gpus", &E::min_gpus, at_least<int64_t>(1), enabled<E>)
+          .key("max_gpus", &E::max_gpus, at_least<int64_t>(1), enabled<E>)
+          .key("num_gpus_per_node", &E::num_gpus_per_node, at_least<int64_t>(1), enabled<E>)
+          .key("model_parallel_size", &E::model_parallel_size, no_model_parallel, enabled<E>)
+          .key("min_time", &E::min_time, at_least(0.0), enabled<E>)
+          .key("prefer_larger_batch", &E::prefer_larger_batch, {}, enabled<E>)
+          .key("ignore_non_elastic_batch_info", &E::ignore_non_elastic_batch_info, {}, enabled<E>)
+          .key("version", &E::version, versions, enabled<E>);
+  return k;
+}
+
+void parse_elasticity(JsonReader& root, ElasticityConfig* e) {
+  JsonReader r = root.child("elasticity");
+  elasticity_keys().read(r, *e);
+  if (e->enabled) {
+    // DeepSpeed: an enabled section names its batch bounds.
+    for (const char* key : {"max_train_batch_size", "micro_batch_sizes"})
+      if (!r.has(key))
+        r.fail(key, "is required when elasticity is enabled (DeepSpeed requires it too)");
+  }
+  if (e->max_gpus < e->min_gpus)
+    r.fail("max_gpus", "must be >= min_gpus " + std::to_string(e->min_gpus) + ", got " +
+                           std::to_string(e->max_gpus));
   r.finish();
 }
 
@@ -662,13 +757,14 @@ void parse_comet(JsonReader& root, CometConfig* c) {
   r.finish();
 }
 
-void parse_wandb(JsonReader& root, WandbConfig* w) {
-  JsonReader r = root.child("wandb");
-  r.get("enabled", &w->enabled);
-  r.get("group", &w->group);
-  r.get("team", &w->team);
-  r.get("project", &w->project);
-  r.finish();
+const Keys<WandbConfig>& wandb_keys() {
+  using W = WandbConfig;
+  static const Keys<W> k = Keys<W>()
+                               .key("enabled", &W::enabled)
+                               .key("group", &W::group, {}, enabled<W>)
+                               .key("team", &W::team, {}, enabled<W>)
+                               .key("project", &W::project, {}, enabled<W>);
+  return k;
 }
 
 // Real DeepSpeed top-level keys (deepspeed/runtime/config.py and friends) dscpp does not
@@ -679,7 +775,6 @@ const char* const kUnimplementedTopLevel[] = {"pipeline",
                                               "curriculum_learning",
                                               "compression_training",
                                               "autotuning",
-                                              "elasticity",
                                               "amp",
                                               "eigenvalue",
                                               "quantize_training",
@@ -706,6 +801,21 @@ const char* const kUnimplementedTopLevel[] = {"pipeline",
                                               "sequence_parallel_size",
                                               "trackio"};
 
+// The top level's plain keys (the batch triple and communication_data_type are code).
+const Keys<Config>& root_keys() {
+  static const Keys<Config> k =
+      Keys<Config>()
+          .key("gradient_clipping", &Config::gradient_clipping, at_least(0.0))
+          .key("steps_per_print", &Config::steps_per_print, above(0))
+          .key("wall_clock_breakdown", &Config::wall_clock_breakdown)
+          .key("prescale_gradients", &Config::prescale_gradients)
+          .key("gradient_predivide_factor", &Config::gradient_predivide_factor, above(0.0))
+          .key("zero_allow_untested_optimizer", &Config::zero_allow_untested_optimizer)
+          .key("dump_state", &Config::dump_state)
+          .key("seed", &Config::seed, config::when_set(at_least<int64_t>(0)));
+  return k;
+}
+
 void parse_root(const json& j, Config* c) {
   ParseNotes notes{&c->warnings, &c->origins};
   JsonReader r(j, "", notes);
@@ -714,24 +824,13 @@ void parse_root(const json& j, Config* c) {
   r.get_batch("train_micro_batch_size_per_gpu", &c->train_micro_batch_size_per_gpu);
   r.get_batch("gradient_accumulation_steps", &c->gradient_accumulation_steps);
 
-  r.get("gradient_clipping", &c->gradient_clipping);
-  check_ge(r, "gradient_clipping", c->gradient_clipping, 0.0);
-  r.get("steps_per_print", &c->steps_per_print);
-  check_gt(r, "steps_per_print", c->steps_per_print, 0);
-  r.get("wall_clock_breakdown", &c->wall_clock_breakdown);
-  r.get("prescale_gradients", &c->prescale_gradients);
-  r.get("gradient_predivide_factor", &c->gradient_predivide_factor);
-  check_gt(r, "gradient_predivide_factor", c->gradient_predivide_factor, 0.0);
-  r.get("zero_allow_untested_optimizer", &c->zero_allow_untested_optimizer);
+  root_keys().read(r, *c);
   if (r.get("communication_data_type", &c->communication_data_type) && c->communication_data_type) {
     std::string t = to_lower(*c->communication_data_type);
     if (t == "bfp16") t = "bf16";  // DeepSpeed's spelling before 0.14
-    check_one_of(r, "communication_data_type", t, {"fp16", "bf16", "fp32"});
+    config::one_of({"fp16", "bf16", "fp32"}).check(r, "communication_data_type", t);
     c->communication_data_type = t;
   }
-  r.get("dump_state", &c->dump_state);
-  r.get("seed", &c->seed);
-  if (c->seed) check_ge<int64_t>(r, "seed", *c->seed, 0);
 
   parse_optimizer(r, &c->optimizer);
   parse_scheduler(r, &c->scheduler);
@@ -739,13 +838,15 @@ void parse_root(const json& j, Config* c) {
   parse_bf16(r, &c->bf16);
   parse_zero(r, &c->zero_optimization);
   parse_aio(r, &c->aio);
-  parse_activation_checkpointing(r, &c->activation_checkpointing);
+  read_section(r, "activation_checkpointing", activation_checkpointing_keys(),
+               &c->activation_checkpointing);
   parse_checkpoint(r, &c->checkpoint);
-  parse_comms_logger(r, &c->comms_logger);
+  parse_elasticity(r, &c->elasticity);
+  read_section(r, "comms_logger", comms_logger_keys(), &c->comms_logger);
   parse_flops_profiler(r, &c->flops_profiler);
-  parse_monitor(r, "csv_monitor", &c->csv_monitor);
-  parse_monitor(r, "tensorboard", &c->tensorboard);
-  parse_wandb(r, &c->wandb);
+  read_section(r, "csv_monitor", monitor_keys(), &c->csv_monitor);
+  read_section(r, "tensorboard", monitor_keys(), &c->tensorboard);
+  read_section(r, "wandb", wandb_keys(), &c->wandb);
   parse_comet(r, &c->comet);
   for (const char* key : kUnimplementedTopLevel) r.unimplemented(key);
   r.finish();
@@ -879,46 +980,6 @@ Config Config::parse(const std::string& path_or_json) {
 
 namespace {
 
-class Describer {
- public:
-  explicit Describer(const Config& c) : c_(c) {}
-
-  void line(const std::string& path, const std::string& value) {
-    os_ << "  " << path << " = " << value;
-    if (auto it = c_.origins.find(path); it != c_.origins.end()) os_ << "  (" << it->second << ")";
-    os_ << "\n";
-  }
-  void line(const std::string& path, bool v) { line(path, std::string(v ? "true" : "false")); }
-  void line(const std::string& path, int v) { line(path, std::to_string(v)); }
-  void line(const std::string& path, int64_t v) { line(path, std::to_string(v)); }
-  void line(const std::string& path, double v) { line(path, format_double(v)); }
-  void line(const std::string& path, const char* v) { line(path, std::string(v)); }
-  void str(const std::string& path, const std::string& v) { line(path, "\"" + v + "\""); }
-  void str(const std::string& path, const std::optional<std::string>& v) {
-    line(path, v ? "\"" + *v + "\"" : std::string("(unset)"));
-  }
-  void line(const std::string& path, const std::optional<int64_t>& v) {
-    line(path, v ? std::to_string(*v) : std::string("(unset)"));
-  }
-  void line(const std::string& path, const std::optional<double>& v) {
-    line(path, v ? format_double(*v) : std::string("(unset)"));
-  }
-  void line(const std::string& path, const std::array<double, 2>& v) {
-    line(path, "[" + format_double(v[0]) + ", " + format_double(v[1]) + "]");
-  }
-  void line(const std::string& path, const std::vector<std::string>& v) {
-    std::string s = "[";
-    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", \"" : "\"") + v[i] + "\"";
-    line(path, s + "]");
-  }
-  void raw(const std::string& text) { os_ << text << "\n"; }
-  std::string str() const { return os_.str(); }
-
- private:
-  const Config& c_;
-  std::ostringstream os_;
-};
-
 void describe_optimizer(Describer& d, const OptimizerConfig& o) {
   if (o.type.empty()) {
     d.line("optimizer", "(none: the program supplies its optimizer)");
@@ -927,43 +988,15 @@ void describe_optimizer(Describer& d, const OptimizerConfig& o) {
   d.line("optimizer.type", o.type);
   const std::string p = "optimizer.params.";
   if (o.type == "Adam" || o.type == "AdamW") {
-    const AdamParams& a = o.adam;
-    d.line(p + "lr", a.lr);
-    d.line(p + "betas", a.betas);
-    d.line(p + "eps", a.eps);
-    d.line(p + "weight_decay", a.weight_decay);
-    d.line(p + "bias_correction", a.bias_correction);
-    d.line(p + "adam_w_mode", a.adam_w_mode);
-    d.line(p + "amsgrad", a.amsgrad);
-    d.line(p + "torch_adam", a.torch_adam);
+    adam_keys().describe(d, p, o.adam);
   } else if (o.type == "SGD") {
-    d.line(p + "lr", o.sgd.lr);
-    d.line(p + "momentum", o.sgd.momentum);
-    d.line(p + "dampening", o.sgd.dampening);
-    d.line(p + "weight_decay", o.sgd.weight_decay);
-    d.line(p + "nesterov", o.sgd.nesterov);
+    sgd_keys().describe(d, p, o.sgd);
   } else if (o.type == "Adagrad") {
-    d.line(p + "lr", o.adagrad.lr);
-    d.line(p + "lr_decay", o.adagrad.lr_decay);
-    d.line(p + "weight_decay", o.adagrad.weight_decay);
-    d.line(p + "initial_accumulator_value", o.adagrad.initial_accumulator_value);
-    d.line(p + "eps", o.adagrad.eps);
+    adagrad_keys().describe(d, p, o.adagrad);
   } else if (o.type == "Lamb") {
-    const LambParams& l = o.lamb;
-    d.line(p + "lr", l.lr);
-    d.line(p + "bias_correction", l.bias_correction);
-    d.line(p + "betas", l.betas);
-    d.line(p + "eps", l.eps);
-    d.line(p + "eps_inside_sqrt", l.eps_inside_sqrt);
-    d.line(p + "weight_decay", l.weight_decay);
-    d.line(p + "max_grad_norm", l.max_grad_norm);
-    d.line(p + "max_coeff", l.max_coeff);
-    d.line(p + "min_coeff", l.min_coeff);
-    d.line(p + "amsgrad", l.amsgrad);
+    lamb_keys().describe(d, p, o.lamb);
   } else {
-    d.line(p + "lr", o.lion.lr);
-    d.line(p + "betas", o.lion.betas);
-    d.line(p + "weight_decay", o.lion.weight_decay);
+    lion_keys().describe(d, p, o.lion);
   }
 }
 
@@ -975,79 +1008,30 @@ void describe_scheduler(Describer& d, const SchedulerConfig& s) {
   d.line("scheduler.type", s.type);
   const std::string p = "scheduler.params.";
   if (s.type == "WarmupLR") {
-    const WarmupLRParams& w = s.warmup_lr;
-    d.line(p + "warmup_min_lr", w.warmup_min_lr);
-    if (w.warmup_max_lr) {
-      d.line(p + "warmup_max_lr", w.warmup_max_lr);
-    } else {
-      d.line(p + "warmup_max_lr", "(unset: the optimizer's lr)");
-    }
-    d.line(p + "warmup_num_steps", w.warmup_num_steps);
-    d.str(p + "warmup_type", w.warmup_type);
-    d.line(p + "last_batch_iteration", w.last_batch_iteration);
+    warmup_lr_keys().describe(d, p, s.warmup_lr);
   } else if (s.type == "WarmupDecayLR") {
-    const WarmupDecayLRParams& w = s.warmup_decay_lr;
-    d.line(p + "total_num_steps", w.total_num_steps);
-    d.line(p + "warmup_min_lr", w.warmup_min_lr);
-    d.line(p + "warmup_max_lr", w.warmup_max_lr);
-    d.line(p + "warmup_num_steps", w.warmup_num_steps);
-    d.str(p + "warmup_type", w.warmup_type);
-    d.line(p + "last_batch_iteration", w.last_batch_iteration);
+    warmup_decay_lr_keys().describe(d, p, s.warmup_decay_lr);
   } else if (s.type == "WarmupCosineLR") {
-    const WarmupCosineLRParams& w = s.warmup_cosine_lr;
-    d.line(p + "total_num_steps", w.total_num_steps);
-    d.line(p + "warmup_min_ratio", w.warmup_min_ratio);
-    d.line(p + "warmup_num_steps", w.warmup_num_steps);
-    d.line(p + "cos_min_ratio", w.cos_min_ratio);
-    d.str(p + "warmup_type", w.warmup_type);
-    d.line(p + "last_batch_iteration", w.last_batch_iteration);
+    warmup_cosine_lr_keys().describe(d, p, s.warmup_cosine_lr);
   } else if (s.type == "OneCycle") {
-    const OneCycleParams& c = s.one_cycle;
-    d.line(p + "cycle_min_lr", c.cycle_min_lr);
-    d.line(p + "cycle_max_lr", c.cycle_max_lr);
-    d.line(p + "decay_lr_rate", c.decay_lr_rate);
-    d.line(p + "cycle_first_step_size", c.cycle_first_step_size);
-    d.line(p + "cycle_second_step_size", c.cycle_second_step_size);
-    d.line(p + "cycle_first_stair_count", c.cycle_first_stair_count);
-    d.line(p + "cycle_second_stair_count", c.cycle_second_stair_count);
-    d.line(p + "decay_step_size", c.decay_step_size);
-    d.line(p + "cycle_momentum", c.cycle_momentum);
-    d.line(p + "cycle_min_mom", c.cycle_min_mom);
-    d.line(p + "cycle_max_mom", c.cycle_max_mom);
-    d.line(p + "decay_mom_rate", c.decay_mom_rate);
-    d.line(p + "last_batch_iteration", c.last_batch_iteration);
+    one_cycle_keys().describe(d, p, s.one_cycle);
   } else {
-    const LRRangeTestParams& t = s.lr_range_test;
-    d.line(p + "lr_range_test_min_lr", t.lr_range_test_min_lr);
-    d.line(p + "lr_range_test_step_size", t.lr_range_test_step_size);
-    d.line(p + "lr_range_test_step_rate", t.lr_range_test_step_rate);
-    d.line(p + "lr_range_test_staircase", t.lr_range_test_staircase);
-    d.line(p + "last_batch_iteration", t.last_batch_iteration);
+    lr_range_test_keys().describe(d, p, s.lr_range_test);
   }
 }
 
 void describe_zero(Describer& d, const ZeroConfig& z) {
   const std::string p = "zero_optimization.";
   d.line(p + "stage", z.stage);
-  d.line(p + "contiguous_gradients", z.contiguous_gradients);
   if (z.stage == 0) {  // its all-reduces always overlap backward (src/zero/all_reduce.h)
-    d.raw("  " + p + "overlap_comm = true  (stage 0 always overlaps its all-reduces with "
+    d.raw("  " + p +
+          "overlap_comm = true  (stage 0 always overlaps its all-reduces with "
           "backward; the key applies to stages 1-3)");
   } else {
     d.line(p + "overlap_comm", z.overlap_comm);
   }
-  d.line(p + "reduce_scatter", z.reduce_scatter);
-  d.line(p + "reduce_bucket_size", z.reduce_bucket_size);
-  d.line(p + "allgather_partitions", z.allgather_partitions);
-  d.line(p + "allgather_bucket_size", z.allgather_bucket_size);
-  d.line(p + "round_robin_gradients", z.round_robin_gradients);
-  d.line(p + "sub_group_size", z.sub_group_size);
-  d.line(p + "ignore_unused_parameters", z.ignore_unused_parameters);
+  zero_keys().describe(d, p, z);
   if (z.stage == 3) {
-    d.line(p + "stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size);
-    d.line(p + "stage3_param_persistence_threshold", z.stage3_param_persistence_threshold);
-    d.line(p + "stage3_max_live_parameters", z.stage3_max_live_parameters);
-    d.line(p + "stage3_max_reuse_distance", z.stage3_max_reuse_distance);
     d.line(p + "stage3_gather_16bit_weights_on_model_save",
            z.stage3_gather_16bit_weights_on_model_save);
     d.line(p + "leaf_module.classes", z.leaf_module.classes);
@@ -1056,24 +1040,12 @@ void describe_zero(Describer& d, const ZeroConfig& z) {
   }
   const OffloadOptimizerConfig& oo = z.offload_optimizer;
   d.str(p + "offload_optimizer.device", oo.device);
-  if (oo.device != "none") {
-    d.str(p + "offload_optimizer.nvme_path", oo.nvme_path);
-    d.line(p + "offload_optimizer.buffer_count", oo.buffer_count);
-    d.line(p + "offload_optimizer.pin_memory", oo.pin_memory);
-    d.line(p + "offload_optimizer.pipeline_read", oo.pipeline_read);
-    d.line(p + "offload_optimizer.pipeline_write", oo.pipeline_write);
-    d.line(p + "offload_optimizer.fast_init", oo.fast_init);
-    d.line(p + "offload_optimizer.ratio", oo.ratio);
-  }
+  if (oo.device != "none") d.str(p + "offload_optimizer.nvme_path", oo.nvme_path);
+  offload_optimizer_keys().describe(d, p + "offload_optimizer.", oo);
   const OffloadParamConfig& op = z.offload_param;
   d.str(p + "offload_param.device", op.device);
-  if (op.device != "none") {
-    d.str(p + "offload_param.nvme_path", op.nvme_path);
-    d.line(p + "offload_param.buffer_count", op.buffer_count);
-    d.line(p + "offload_param.buffer_size", op.buffer_size);
-    d.line(p + "offload_param.max_in_cpu", op.max_in_cpu);
-    d.line(p + "offload_param.pin_memory", op.pin_memory);
-  }
+  if (op.device != "none") d.str(p + "offload_param.nvme_path", op.nvme_path);
+  offload_param_keys().describe(d, p + "offload_param.", op);
 }
 
 void describe_batch(Describer& d, const Config& c) {
@@ -1100,88 +1072,36 @@ std::string Config::describe() const {
   Describer d(*this);
   d.raw("DeepSpeed config from " + source + ":");
   describe_batch(d, *this);
-  d.line("gradient_clipping", gradient_clipping);
-  d.line("steps_per_print", steps_per_print);
-  d.line("wall_clock_breakdown", wall_clock_breakdown);
-  d.line("prescale_gradients", prescale_gradients);
-  d.line("gradient_predivide_factor", gradient_predivide_factor);
-  d.line("zero_allow_untested_optimizer", zero_allow_untested_optimizer);
+  root_keys().describe(d, "", *this);
   d.line("communication_data_type", communication_data_type
                                         ? "\"" + *communication_data_type + "\""
                                         : std::string("(unset: the training precision)"));
-  d.line("dump_state", dump_state);
-  d.line("seed", seed);
   describe_optimizer(d, optimizer);
   describe_scheduler(d, scheduler);
-  d.line("fp16.enabled", fp16.enabled);
-  if (fp16.enabled) {
-    d.line("fp16.auto_cast", fp16.auto_cast);
-    d.line("fp16.loss_scale", fp16.loss_scale);
-    d.line("fp16.initial_scale_power", fp16.initial_scale_power);
-    d.line("fp16.loss_scale_window", fp16.loss_scale_window);
-    d.line("fp16.hysteresis", fp16.hysteresis);
-    d.line("fp16.consecutive_hysteresis", fp16.consecutive_hysteresis);
-    d.line("fp16.min_loss_scale", fp16.min_loss_scale);
-  }
+  fp16_keys().describe(d, "fp16.", fp16);
   d.line("bf16.enabled", bf16.enabled);
   describe_zero(d, zero_optimization);
   if (zero_optimization.offload_optimizer.device == "nvme" ||
-      zero_optimization.offload_param.device == "nvme") {
-    d.line("aio.block_size", aio.block_size);
-    d.line("aio.queue_depth", aio.queue_depth);
-    d.line("aio.thread_count", aio.thread_count);
-    d.line("aio.single_submit", aio.single_submit);
-    d.line("aio.overlap_events", aio.overlap_events);
-  }
-  const ActivationCheckpointingConfig& ac = activation_checkpointing;
-  d.line("activation_checkpointing.partition_activations", ac.partition_activations);
-  d.line("activation_checkpointing.cpu_checkpointing", ac.cpu_checkpointing);
-  d.line("activation_checkpointing.contiguous_memory_optimization",
-         ac.contiguous_memory_optimization);
-  d.line("activation_checkpointing.number_checkpoints", ac.number_checkpoints);
-  d.line("activation_checkpointing.synchronize_checkpoint_boundary",
-         ac.synchronize_checkpoint_boundary);
-  d.line("activation_checkpointing.profile", ac.profile);
+      zero_optimization.offload_param.device == "nvme")
+    aio_keys().describe(d, "aio.", aio);
+  activation_checkpointing_keys().describe(d, "activation_checkpointing.",
+                                           activation_checkpointing);
   d.str("checkpoint.tag_validation", checkpoint.tag_validation);
   d.line("checkpoint.load_universal", checkpoint.load_universal);
   d.line("checkpoint.use_node_local_storage", checkpoint.use_node_local_storage);
   d.line("checkpoint.parallel_write.pipeline_stage", checkpoint.parallel_write.pipeline_stage);
-  d.line("comms_logger.enabled", comms_logger.enabled);
-  if (comms_logger.enabled) {
-    d.line("comms_logger.verbose", comms_logger.verbose);
-    d.line("comms_logger.prof_all", comms_logger.prof_all);
-    d.line("comms_logger.debug", comms_logger.debug);
-    d.line("comms_logger.prof_ops", "[" + join(comms_logger.prof_ops, ", ") + "]");
-  }
-  d.line("flops_profiler.enabled", flops_profiler.enabled);
-  if (flops_profiler.enabled) {
-    d.line("flops_profiler.profile_step", flops_profiler.profile_step);
-    d.line("flops_profiler.module_depth", flops_profiler.module_depth);
-    d.line("flops_profiler.top_modules", flops_profiler.top_modules);
-    d.line("flops_profiler.detailed", flops_profiler.detailed);
-    d.str("flops_profiler.output_file", flops_profiler.output_file);
-  }
-  auto monitor = [&d](const std::string& name, const MonitorConfig& m) {
-    d.line(name + ".enabled", m.enabled);
-    if (m.enabled) {
-      d.str(name + ".output_path", m.output_path);
-      d.str(name + ".job_name", m.job_name);
-    }
-  };
-  monitor("csv_monitor", csv_monitor);
-  monitor("tensorboard", tensorboard);
-  d.line("wandb.enabled", wandb.enabled);
-  if (wandb.enabled) {
-    d.str("wandb.group", wandb.group);
-    d.str("wandb.team", wandb.team);
-    d.str("wandb.project", wandb.project);
-  }
+  elasticity_keys().describe(d, "elasticity.", elasticity);
+  comms_logger_keys().describe(d, "comms_logger.", comms_logger);
+  flops_profiler_keys().describe(d, "flops_profiler.", flops_profiler);
+  monitor_keys().describe(d, "csv_monitor.", csv_monitor);
+  monitor_keys().describe(d, "tensorboard.", tensorboard);
+  wandb_keys().describe(d, "wandb.", wandb);
   d.line("comet.enabled", comet.enabled);
   if (!warnings.empty()) {
     d.raw("warnings and notes:");
     for (const std::string& w : warnings) d.raw("  - " + w);
   }
-  return d.str();
+  return d.text();
 }
 
 }  // namespace dscpp

@@ -212,6 +212,19 @@ bool JsonReader::get(std::string_view key, std::vector<std::string>* out) {
   return true;
 }
 
+bool JsonReader::get(std::string_view key, std::vector<int64_t>* out) {
+  const nlohmann::json* v = lookup(key);
+  if (!v || take_auto(key, *v, "[]")) return false;
+  if (!v->is_array()) type_error(key, "an array of integers", *v);
+  std::vector<int64_t> items;
+  for (const auto& item : *v) {
+    if (!item.is_number()) type_error(key, "an array of integers", *v);
+    items.push_back(to_int64(key, item));
+  }
+  *out = std::move(items);
+  return true;
+}
+
 template <typename T, typename Convert>
 bool JsonReader::get_optional(std::string_view key, std::optional<T>* out, Convert convert) {
   const nlohmann::json* v = lookup(key);

@@ -60,6 +60,7 @@ class JsonReader {
   bool get(std::string_view key, std::string* out);
   bool get(std::string_view key, std::array<double, 2>* out);
   bool get(std::string_view key, std::vector<std::string>* out);
+  bool get(std::string_view key, std::vector<int64_t>* out);
   // Optional fields: null means unset; "auto" means the default, unset.
   bool get(std::string_view key, std::optional<int64_t>* out);
   bool get(std::string_view key, std::optional<double>* out);
