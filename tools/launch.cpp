@@ -43,6 +43,10 @@ int launch_main(int argc, char** argv) {
                      launch::kDefaultRemoteCmd + "')");
   app.add_option("--remote_dscpp", o.remote_dscpp,
                  "ssh launcher: path of dscpp on the hosts (default: this executable's path)");
+  app.add_option("--max_restarts", o.max_restarts,
+                 "start a failed job again, whole, up to N times (local and ssh launchers; "
+                 "DSCPP_RESTART_COUNT tells the ranks which start it is)")
+      ->capture_default_str();
   app.add_option("--log_level", o.log_level, "debug, info, warning or error")
       ->check(CLI::IsMember({"debug", "info", "warning", "warn", "error"}));
   // Node agent flags (see NOTE [node agent protocol] in src/launch/launcher.cpp).

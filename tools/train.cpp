@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -196,6 +197,29 @@ models::GPT build_model(const TrainArgs& a, const models::GPTConfig& gc, const C
   return model;
 }
 
+// NOTE [train progress]: with --save_dir, rank 0 records the last optimizer step it finished
+// in DIR/train_progress (a plain overwrite, not durable: a hint, never loaded as state), so a
+// resumed run can say how many steps since the checkpoint it trains again.
+const char* const kProgressFile = "/train_progress";
+
+void record_progress(const std::string& save_dir, int64_t step) {
+  std::ofstream(save_dir + kProgressFile, std::ios::trunc) << step << "\n";
+}
+
+// ": steps S+1..P trained again (the run before reached P; restart R)", or "" when nothing was
+// lost or nothing is known.
+std::string steps_trained_again(const std::string& save_dir, int64_t resumed_at) {
+  int64_t reached = -1;
+  std::ifstream(save_dir + kProgressFile) >> reached;
+  const char* restart = std::getenv("DSCPP_RESTART_COUNT");
+  const std::string which =
+      restart && std::string(restart) != "0" ? std::string("; restart ") + restart : "";
+  if (reached <= resumed_at) return which;
+  return fmt::format("; steps {}..{} are trained again: {} step(s) since the checkpoint were lost "
+                     "(the run before reached step {}{})",
+                     resumed_at + 1, reached, reached - resumed_at, reached, which);
+}
+
 // --resume: the step the checkpoint in --save_dir continues from (0 when there is none yet),
 // after checking it was trained on the same data in the same order. Rank 0 looks for
 // DIR/latest and tells every rank, so all of them load or none.
@@ -227,7 +251,9 @@ int64_t resume(Engine& engine, const TrainArgs& a, const nlohmann::json& data_st
       }
       first_step = engine.global_steps();
       if (rank == 0) {
-        std::cout << fmt::format("resumed from {} at step {}", got.path, first_step) << std::endl;
+        std::cout << fmt::format("resumed from {} at step {}{}", got.path, first_step,
+                                 steps_trained_again(a.save_dir, first_step))
+                  << std::endl;
       }
     } else if (rank == 0) {
       std::cout << fmt::format("--resume: no checkpoint in {} yet; starting from step 0",
@@ -441,6 +467,7 @@ int train_main(int argc, char** argv) {
     const StepStats& st = engine.last_step();
     if (metrics.is_open()) write_metrics(metrics, st, a.block_size);
     if (!a.save_dir.empty()) {
+      if (rank == 0) record_progress(a.save_dir, s + 1);
       if (any_rank_asked_to_stop(*comm, device)) {
         save();
         if (rank == 0) say_stopped(a, s + 1);

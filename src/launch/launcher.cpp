@@ -19,6 +19,13 @@
 // (or the first agent that exits non-zero) as the cause, closes every agent's stdin and sends
 // SIGTERM to the others, and SIGKILL after its grace. Agents get a grace 2 s shorter than the
 // main launcher's, so they finish tearing down their ranks before they could be killed.
+//
+// NOTE [restarts]: with --max_restarts N (torchrun's name) a job that fails on its own (a rank
+// exits non-zero or is killed; not a signal to the launcher) is stopped whole as always, then
+// started again whole on the same hosts and master port, at most N times. Every start sets
+// DSCPP_RESTART_COUNT to its number (0 first) in every rank's environment (carried to the hosts
+// with the other DSCPP_ variables). The program resumes itself: `dscpp train --save_dir D
+// --resume` loads D/latest and says how many steps were trained again.
 #include "launch/launcher.h"
 
 #include <sched.h>
@@ -222,7 +229,8 @@ std::string log_level_name(LogLevel l) {
 // single-node job (agent = false: prints the failure report) and by a node agent (agent =
 // true: prints the agent failure line, watches its stdin).
 int run_ranks(const LaunchOptions& opts, const HostSlots& host, int world_size,
-              const std::string& master_addr, const std::string& program_path, bool agent) {
+              const std::string& master_addr, const std::string& program_path, bool agent,
+              int* stopped_by_signal = nullptr) {
   const int procs = host.num_procs();
   const std::vector<int> cpus = usable_cpus();
   std::map<std::string, std::string> common = {
@@ -286,6 +294,7 @@ int run_ranks(const LaunchOptions& opts, const HostSlots& host, int world_size,
     group.start(spec);
   }
   RunOutcome outcome = group.run();
+  if (stopped_by_signal) *stopped_by_signal = outcome.signal;
   if (!agent && outcome.exit_code != 0) write_all(2, failure_report(outcome));
   if (outcome.exit_code == 0) {
     DSCPP_LOG_INFO("{} on {}: exited with status 0", ranks_text(host), host.host);
@@ -295,7 +304,7 @@ int run_ranks(const LaunchOptions& opts, const HostSlots& host, int world_size,
 
 // A multi-node job over ssh (or any remote-command template): one node agent per host.
 int run_agents(const LaunchOptions& opts, const std::vector<HostSlots>& hosts,
-               const std::string& master_addr) {
+               const std::string& master_addr, int* stopped_by_signal) {
   std::string dscpp_path = opts.remote_dscpp.empty() ? self_exe() : opts.remote_dscpp;
   DSCPP_CHECK(is_safe_word(dscpp_path) && !starts_with(dscpp_path, kEncodedPrefix), LaunchError,
               "the path of dscpp on the hosts, '", dscpp_path,
@@ -338,6 +347,7 @@ int run_agents(const LaunchOptions& opts, const std::vector<HostSlots>& hosts,
     group.start(spec);
   }
   RunOutcome outcome = group.run();
+  *stopped_by_signal = outcome.signal;
   if (outcome.exit_code != 0) {
     // An agent that failed by itself (no rank reported) most likely never started.
     for (size_t k = 0; k < outcome.children.size() && outcome.cause; ++k) {
@@ -800,6 +810,13 @@ int run_job(const LaunchOptions& opts) {
   // The program must exist here too: a missing program is an error before anything starts.
   const std::string program_path = resolve_program(opts.program[0], getenv_or_empty("PATH"));
 
+  DSCPP_CHECK(opts.max_restarts >= 0, LaunchError, "--max_restarts ", opts.max_restarts,
+              " must be >= 0");
+  DSCPP_CHECK(opts.max_restarts == 0 || kind == "local" || kind == "ssh", LaunchError,
+              "--max_restarts applies to --launcher local and ssh, but the launcher is ", kind,
+              ", which hands the whole job to ", kind == "openmpi" ? "mpirun" : "srun",
+              ". HINT: drop --max_restarts and let the scheduler requeue the job (srun "
+              "--requeue), or use --launcher ssh");
   if (kind == "openmpi") {
     bool identity = true;
     for (const auto& h : hosts) {
@@ -809,9 +826,27 @@ int run_job(const LaunchOptions& opts) {
     return run_wrapped(opts, openmpi_command(opts, hosts, host_facts()));
   }
   if (kind == "slurm") return run_wrapped(opts, slurm_command(opts, hosts));
-  if (kind == "ssh") return run_agents(opts, hosts, master_addr);
-  int world = hosts[0].num_procs();
-  return run_ranks(opts, hosts[0], world, master_addr, program_path, /*agent=*/false);
+  // The job, started again after a failure up to --max_restarts times (NOTE [restarts]).
+  for (int restart = 0;; ++restart) {
+    ::setenv("DSCPP_RESTART_COUNT", std::to_string(restart).c_str(), 1);
+    int signal = 0;
+    const int code =
+        kind == "ssh"
+            ? run_agents(opts, hosts, master_addr, &signal)
+            : run_ranks(opts, hosts[0], hosts[0].num_procs(), master_addr, program_path,
+                        /*agent=*/false, &signal);
+    if (code == 0 || signal != 0 || restart >= opts.max_restarts) {
+      if (code != 0 && signal == 0 && opts.max_restarts > 0) {
+        DSCPP_LOG_ERROR("the job failed again after {} restart(s) (--max_restarts {}); giving up",
+                        restart, opts.max_restarts);
+      }
+      return code;
+    }
+    DSCPP_LOG_WARN(
+        "the job failed (exit status {}); starting it again: restart {} of {} "
+        "(--max_restarts), DSCPP_RESTART_COUNT={}",
+        code, restart + 1, opts.max_restarts, restart + 1);
+  }
 }
 
 }  // namespace dscpp::launch

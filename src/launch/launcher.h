@@ -60,6 +60,11 @@ struct LaunchOptions {
   std::vector<std::string> program;
   // Seconds between SIGTERM and SIGKILL when the job stops (not a flag of the main launcher).
   double stop_grace_s = 5.0;
+  // --max_restarts (torchrun's name): how many times a failed job is started again, whole, on
+  // the same hosts (local and ssh launchers). Each start sets DSCPP_RESTART_COUNT (0, 1, ...)
+  // for every rank; a program that resumes from its last checkpoint (dscpp train --resume)
+  // loses only the steps since it. A job stopped by a signal to the launcher is not restarted.
+  int max_restarts = 0;
 
   // Node agent (hidden flags, set by the main launcher for each host of an ssh job): runs
   // `num_procs` ranks starting at global rank `rank_offset` and reports to the launcher

@@ -304,6 +304,44 @@ TEST(Train, StoppedBySigtermAndResumedEqualsAnUninterruptedRun) {
   EXPECT_EQ(init.status, 0) << init.output;
 }
 
+// dscpp launch --max_restarts: rank 1 is killed in step 10 of the first start; the launcher
+// starts the job again, dscpp train --resume continues from the step-8 checkpoint, says which
+// steps it trains again, and ends exactly where an uninterrupted run ends.
+TEST(Train, KilledRankIsRestartedFromTheLastCheckpointAndEndsAsAnUninterruptedRun) {
+  TempDir dir;
+  const int steps = 16;
+  write(dir.file("c.json"), config(8, 2, 1));  // 2 ranks x GAS 2, ZeRO stage 1
+  const std::string args = " train --config " + dir.file("c.json") + kModelArgs + " --steps " + std::to_string(steps);
+  auto straight = run_command(kCli + " launch --num_procs 2 --master_port " + std::to_string(free_port()) + " " + kCli +
+                              args + " --metrics " + dir.file("a.jsonl") + " --save_final " + dir.file("a.safetensors"));
+  ASSERT_EQ(straight.status, 0) << straight.output;
+
+  write(dir.file("rank.sh"),
+        "if [ \"$DSCPP_RESTART_COUNT\" = 0 ]; then export DSCPP_FAULT_INJECT=kill:phase=optimizer:rank=1:hit=10; fi\n"
+        "exec " + kCli + args + " --save_dir " + dir.file("ckpt") + " --save_interval 4 --resume --metrics " +
+            dir.file("b.jsonl") + " --save_final " + dir.file("b.safetensors") + "\n");
+  auto restarted = run_command(kCli + " launch --num_procs 2 --max_restarts 1 --master_port " +
+                               std::to_string(free_port()) + " sh " + dir.file("rank.sh"));
+  ASSERT_EQ(restarted.status, 0) << restarted.output;
+  EXPECT_NE(restarted.output.find("killed by signal 9 (SIGKILL)"), std::string::npos) << restarted.output;
+  EXPECT_NE(restarted.output.find("restart 1 of 1 (--max_restarts), DSCPP_RESTART_COUNT=1"), std::string::npos)
+      << restarted.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(restarted.output, m,
+                                std::regex("resumed from [^ ]+/global_step8 at step 8; steps 9\\.\\.(9|10) are trained "
+                                           "again: ([12]) step\\(s\\) since the checkpoint were lost \\(the run "
+                                           "before reached step (9|10); restart 1\\)")))
+      << restarted.output;
+  EXPECT_EQ(losses_of(dir.file("b.jsonl")), losses_of(dir.file("a.jsonl")));
+  EXPECT_TRUE(at::equal(flat_weights(dir.file("b.safetensors")), flat_weights(dir.file("a.safetensors"))));
+
+  // Without --max_restarts the same failure ends the job.
+  auto once = run_command(kCli + " launch --num_procs 2 --master_port " + std::to_string(free_port()) + " sh -c '" +
+                          "DSCPP_FAULT_INJECT=kill:phase=optimizer:rank=1:hit=2 exec " + kCli + args + "'");
+  EXPECT_NE(once.status, 0) << once.output;
+  EXPECT_EQ(once.output.find("restart 1"), std::string::npos) << once.output;
+}
+
 // --steps 0 --save_final writes the weights a run starts from (bench/seed_tables.sh hands them
 // to PyTorch DDP), at stage 0 and from a model built sharded at stage 3.
 TEST(Train, StepsZeroWritesTheInitialWeights) {

@@ -605,6 +605,32 @@ TEST(LaunchProcess, FailingRankStopsTheJob) {
   }
 }
 
+// --max_restarts: a job that fails is started again, whole, with DSCPP_RESTART_COUNT counting
+// the starts; once the restarts are used up, the failure is the job's.
+TEST(LaunchProcess, MaxRestartsStartsAFailedJobAgain) {
+  const std::string program =
+      "echo \"start $DSCPP_RESTART_COUNT rank $RANK\"; if [ $DSCPP_RESTART_COUNT -lt 2 ] && "
+      "[ $RANK = 1 ]; then exit 5; fi; sleep 0.2";
+  Result r = launch({"--num_procs", "2", "--max_restarts", "2", "sh", "-c", program});
+  EXPECT_EQ(r.code, 0) << dump(r);
+  for (std::string n : {"0", "1", "2"}) EXPECT_TRUE(contains(r.out, "start " + n + " rank 0")) << dump(r);
+  EXPECT_TRUE(contains(r.err, "restart 1 of 2 (--max_restarts)")) << dump(r);
+  EXPECT_TRUE(contains(r.err, "restart 2 of 2 (--max_restarts)")) << dump(r);
+  EXPECT_TRUE(contains(r.err, "cause: rank 1 on localhost exited with status 5")) << dump(r);
+
+  Result out = launch({"--num_procs", "2", "--max_restarts", "1", "sh", "-c", program});
+  EXPECT_EQ(out.code, 5) << dump(out);
+  EXPECT_TRUE(contains(out.err, "failed again after 1 restart(s) (--max_restarts 1); giving up")) << dump(out);
+  EXPECT_FALSE(contains(out.out, "start 2")) << dump(out);
+
+  Result none = launch({"--num_procs", "2", "sh", "-c", program});
+  EXPECT_EQ(none.code, 5) << dump(none);
+  EXPECT_TRUE(contains(none.out, "start 0 rank 0")) << dump(none);
+  EXPECT_FALSE(contains(none.err, "restart")) << dump(none);
+
+  EXPECT_NE(launch({"--max_restarts", "-1", "true"}).code, 0);
+}
+
 // A rank logs an error, then prints more than the report's last lines: the error still shows,
 // ahead of the last lines, for console output and for a per-rank log file.
 TEST(LaunchProcess, ErrorLinesComeFirstInTheReport) {
