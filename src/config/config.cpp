@@ -1068,6 +1068,38 @@ void describe_batch(Describer& d, const Config& c) {
 
 }  // namespace
 
+namespace config {
+
+std::vector<std::string> table_key_paths() {
+  std::vector<std::string> out;
+  auto add = [&out](const std::string& prefix, const std::vector<std::string>& names) {
+    for (const auto& n : names) out.push_back(prefix + n);
+  };
+  add("", root_keys().names());
+  for (const auto& names : {adam_keys().names(), sgd_keys().names(), adagrad_keys().names(),
+                            lamb_keys().names(), lion_keys().names()})
+    add("optimizer.params.", names);
+  for (const auto& names :
+       {warmup_lr_keys().names(), warmup_decay_lr_keys().names(), warmup_cosine_lr_keys().names(),
+        one_cycle_keys().names(), lr_range_test_keys().names()})
+    add("scheduler.params.", names);
+  add("fp16.", fp16_keys().names());
+  add("zero_optimization.", zero_keys().names());
+  add("zero_optimization.offload_optimizer.", offload_optimizer_keys().names());
+  add("zero_optimization.offload_param.", offload_param_keys().names());
+  add("aio.", aio_keys().names());
+  add("activation_checkpointing.", activation_checkpointing_keys().names());
+  add("elasticity.", elasticity_keys().names());
+  add("comms_logger.", comms_logger_keys().names());
+  add("flops_profiler.", flops_profiler_keys().names());
+  add("csv_monitor.", monitor_keys().names());
+  add("tensorboard.", monitor_keys().names());
+  add("wandb.", wandb_keys().names());
+  return out;
+}
+
+}  // namespace config
+
 std::string Config::describe() const {
   Describer d(*this);
   d.raw("DeepSpeed config from " + source + ":");

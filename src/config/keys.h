@@ -147,6 +147,13 @@ class Keys {
     return *this;
   }
 
+  // The table's keys, in order.
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const Entry& e : entries_) out.push_back(e.name);
+    return out;
+  }
+
   // Reads and checks every key of the table, in order, from `r` into `s`.
   void read(JsonReader& r, S& s) const {
     for (const Entry& e : entries_) e.read(r, s);
@@ -175,6 +182,10 @@ class Keys {
   };
   std::vector<Entry> entries_;
 };
+
+// Every key of every section's table as its JSON path ("zero_optimization.reduce_bucket_size",
+// "optimizer.params.lr" once per optimizer type), for the test that docs/config.md lists them.
+std::vector<std::string> table_key_paths();
 
 // A rule on an optional value: checked when the value is set.
 template <typename T>

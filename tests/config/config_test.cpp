@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "config/keys.h"
 #include "dscpp/error.h"
 #include "support/errors.h"
 #include "util/strings.h"
@@ -1047,6 +1048,28 @@ TEST(ConfigAio, IntraOpParallelismIsThreadCountAndGdsIsRefused) {
     msg = e.what();
   }
   EXPECT_NE(msg.find("aio.use_gds: true is not implemented"), std::string::npos) << msg;
+}
+
+// NOTE [config keys]: every key of the tables is documented in docs/config.md, in backticks, by
+// its path or the tail of it its section's table uses.
+TEST(ConfigDocs, EveryTableKeyIsInConfigMd) {
+  std::ifstream f(std::string(DSCPP_SOURCE_DIR) + "/docs/config.md");
+  ASSERT_TRUE(f.good());
+  const std::string doc((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::string missing;
+  for (const std::string& path : config::table_key_paths()) {
+    // The path, or any tail of it from a dot on ("offload_optimizer.ratio", "ratio"), or a
+    // table's ".name" shorthand, in backticks.
+    bool found = false;
+    for (size_t at = 0; !found && at != std::string::npos; at = path.find('.', at + 1)) {
+      const std::string tail = path.substr(at == 0 ? 0 : at + 1);
+      found = doc.find("`" + tail + "`") != std::string::npos ||
+              doc.find("`." + tail + "`") != std::string::npos;
+    }
+    if (!found) missing += " " + path;
+  }
+  EXPECT_TRUE(missing.empty()) << "not in docs/config.md:" << missing;
+  EXPECT_GT(config::table_key_paths().size(), 100u);
 }
 
 }  // namespace
