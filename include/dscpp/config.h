@@ -403,7 +403,7 @@ struct ElasticityConfig {
   // Model parallelism inside the elastic world. Default 1; dscpp has none, so only 1.
   int64_t model_parallel_size = 1;
   // Minutes a resource scheduler should let the job run before rescaling it; read by
-  // schedulers, not by the engine (as in DeepSpeed). Default 0; >= 0.
+  // schedulers, not by the engine (as in DeepSpeed), so giving it is a warning. Default 0; >= 0.
   double min_time = 0;
   // Among batch sizes valid at equally many world sizes, the larger one. Default true.
   bool prefer_larger_batch = true;

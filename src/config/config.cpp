@@ -742,6 +742,11 @@ void parse_elasticity(JsonReader& root, ElasticityConfig* e) {
       if (!r.has(key))
         r.fail(key, "is required when elasticity is enabled (DeepSpeed requires it too)");
   }
+  // Read by resource schedulers only, as in DeepSpeed: said, since nothing here acts on it.
+  if (e->enabled && r.has("min_time"))
+    r.notes().warn(r.path("min_time") +
+                   " is a hint for resource schedulers; dscpp's engine and launcher do not read "
+                   "it (neither does DeepSpeed's engine)");
   if (e->max_gpus < e->min_gpus)
     r.fail("max_gpus", "must be >= min_gpus " + std::to_string(e->min_gpus) + ", got " +
                            std::to_string(e->max_gpus));

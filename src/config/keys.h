@@ -164,12 +164,6 @@ class Keys {
       if (!e.shown || e.shown(s)) e.describe(d, prefix + e.name, s, e.unset);
     }
   }
-  // Describes one key of the table (for sections that interleave their own lines).
-  void describe(Describer& d, const std::string& prefix, const S& s, std::string_view name) const {
-    for (const Entry& e : entries_) {
-      if (e.name == name) e.describe(d, prefix + e.name, s, e.unset);
-    }
-  }
 
  private:
   struct Entry {

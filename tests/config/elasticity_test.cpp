@@ -108,6 +108,10 @@ TEST(Elasticity, RefusesWhatItCannotHonour) {
       R"({"train_batch_size": 16, "elasticity": {"enabled": true, "max_train_batch_size": 64,
           "micro_batch_sizes": [4], "ignore_non_elastic_batch_info": true}})");
   ignored.resolve_batch(2, "the test");
+  Config hinted = Config::parse(R"({"elasticity": {"enabled": true, "max_train_batch_size": 64,
+                                   "micro_batch_sizes": [4], "min_time": 20}})");
+  ASSERT_FALSE(hinted.warnings.empty());
+  EXPECT_NE(hinted.warnings.back().find("elasticity.min_time is a hint"), std::string::npos);
   EXPECT_EQ(ignored.batch.train_batch_size, 48);
   ASSERT_FALSE(ignored.warnings.empty());
   EXPECT_NE(ignored.warnings.back().find("train_batch_size 16 ignored"), std::string::npos);
