@@ -234,7 +234,8 @@ class GradReducer {
   // The hooked gradient accumulators (kept alive) and their hooks, removed on destruction so a
   // model that outlives its engine never calls into a dead reducer.
   struct Hooks {
-    c10::intrusive_ptr<torch::autograd::Node> acc;  // a shared_ptr before libtorch 2.15
+    // An intrusive_ptr since libtorch 2.15, a shared_ptr before: whichever this libtorch returns.
+    decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>())) acc;
     uintptr_t post_key;
     const torch::autograd::FunctionPreHook* pre;
   };
