@@ -215,9 +215,10 @@ std::string steps_trained_again(const std::string& save_dir, int64_t resumed_at)
   const std::string which =
       restart && std::string(restart) != "0" ? std::string("; restart ") + restart : "";
   if (reached <= resumed_at) return which;
-  return fmt::format("; steps {}..{} are trained again: {} step(s) since the checkpoint were lost "
-                     "(the run before reached step {}{})",
-                     resumed_at + 1, reached, reached - resumed_at, reached, which);
+  return fmt::format(
+      "; steps {}..{} are trained again: {} step(s) since the checkpoint were lost "
+      "(the run before reached step {}{})",
+      resumed_at + 1, reached, reached - resumed_at, reached, which);
 }
 
 // --resume: the step the checkpoint in --save_dir continues from (0 when there is none yet),
@@ -470,6 +471,7 @@ int train_main(int argc, char** argv) {
       if (rank == 0) record_progress(a.save_dir, s + 1);
       if (any_rank_asked_to_stop(*comm, device)) {
         save();
+        engine.wait_for_checkpoint();  // checkpoint.writer.decoupled: published before exit
         if (rank == 0) say_stopped(a, s + 1);
         comm->barrier()->wait();
         return 0;
@@ -490,11 +492,13 @@ int train_main(int argc, char** argv) {
                      st.skipped ? " | fp16 overflow: step skipped" : "")
               << std::endl;
   }
-  // Training is over: a stop signal ends the process again, as without --save_dir.
+  t.end = Clock::now();
+  // Training is over: the last checkpoint is published (checkpoint.writer.decoupled writes it in
+  // the background), then a stop signal ends the process again, as without --save_dir.
   if (!a.save_dir.empty()) {
+    engine.wait_for_checkpoint();
     for (int sig : {SIGTERM, SIGUSR1}) ::signal(sig, SIG_DFL);
   }
-  t.end = Clock::now();
   report(engine, a, gc, rank, first_step, t);
   evaluate_and_save(model, a, gc, d, rank);
   comm->barrier()->wait();

@@ -372,6 +372,25 @@ struct CheckpointParallelWriteConfig {
   bool pipeline_stage = false;
 };
 
+// checkpoint.writer (DeepSpeed's deepspeed/runtime/model_checkpointing): how a save's files are
+// written. Absent: save_checkpoint() writes them before it returns. decoupled: it copies what
+// the next step would change and returns; a thread writes the files while training goes on and
+// the checkpoint is published at a later step (docs/checkpoint.md, "Saving in the background").
+struct CheckpointWriterConfig {
+  bool given = false;         // the section is present
+  std::string type = "FAST";  // FAST (dscpp's writer); PYTHON and MOCK are refused
+  bool decoupled = false;     // write in the background
+  // Bytes copied from the training state and written per piece; bounds how long a step waits
+  // for the piece in flight. Default 64 MiB (DeepSpeed's); >= 1 MiB.
+  int64_t io_buffer_size = int64_t{64} << 20;
+  // FastPersist's two staging buffers (DeepSpeed's default when absent: true). Given true:
+  // a warning (dscpp's writer fills one buffer at a time); false matches what dscpp does.
+  std::optional<bool> io_buffer_double;
+  bool show_statistics = false;  // every rank logs its write's bytes, seconds and stall
+  std::string data_parallel;     // "" (unset); REPLICA, SOCKET or MACHINE are refused
+  int64_t io_multiplier = 1;     // FastPersist's I/O multiplier; other than 1 is refused
+};
+
 struct CheckpointConfig {
   // What to do when ranks save under different tags: "Ignore", "Warn" (default) or "Fail";
   // matched case-insensitively, stored in this spelling.
@@ -381,6 +400,7 @@ struct CheckpointConfig {
   // Every node writes its checkpoint to local storage. Default false.
   bool use_node_local_storage = false;
   CheckpointParallelWriteConfig parallel_write;
+  CheckpointWriterConfig writer;
 };
 
 // elasticity (deepspeed/elasticity/constants.py): the batch triple chosen so that one

@@ -180,8 +180,16 @@ class Engine {
   // rank's file is durable. `client_state` (a JSON object) comes back from load_checkpoint().
   // Throws CheckpointError or IoError naming the path on every rank when any rank fails;
   // `latest` then still names the previous complete checkpoint. Returns DIR/TAG.
+  // With checkpoint.writer.decoupled the files are written in the background: the call returns
+  // once the write has started, and DIR/latest moves to DIR/TAG at the end of the first
+  // optimizer step by which every rank's file is durable (step() then throws a failed write's
+  // error, after the step itself is done). A save while another is in flight waits for it first.
   std::string save_checkpoint(const std::string& dir, const std::string& tag = "",
                               const nlohmann::json& client_state = nlohmann::json::object());
+  // checkpoint.writer.decoupled: waits for the save in flight and publishes it (a collective).
+  // Returns its DIR/TAG, or "" when none is in flight. The destructor does the same, so a program
+  // that ends normally never leaves a checkpoint half-published; call this first to see errors.
+  std::string wait_for_checkpoint();
   // Loads the checkpoint DIR/TAG (empty tag: the one DIR/latest names), saved at any world
   // size and ZeRO stage: each rank reads only the byte ranges it now holds. A collective. Every
   // file's size and CRC-32C are checked first; a damaged, torn or mismatched checkpoint is a

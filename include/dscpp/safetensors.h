@@ -69,21 +69,23 @@ FileDigest save(const std::string& path, const TensorList& tensors,
                 io::FileSystem* fs = nullptr);
 
 // A tensor whose bytes are produced while the file is written: `tensor` when it is in memory,
-// else an fp32 vector of `numel` elements that `fill(offset, dst)` writes piece by piece
-// (elements [offset, offset + dst.numel()) into the contiguous fp32 CPU tensor dst). Offloaded
-// optimizer state is saved this way, never held in memory whole.
+// else a vector of `numel` elements of `dtype` that `fill(offset, dst)` writes piece by piece
+// (elements [offset, offset + dst.numel()) into the contiguous CPU tensor dst of that dtype).
+// Offloaded optimizer state is saved this way, never held in memory whole, and so is what a
+// background save reads from the training state (src/checkpoint/live_snapshot.h).
 struct StreamedTensor {
   std::string name;
   at::Tensor tensor;
   int64_t numel = 0;
   std::function<void(int64_t offset, const at::Tensor& dst)> fill;
+  at::ScalarType dtype = at::kFloat;
 };
 
-// save() of tensors some of which are streamed; at most 16 MiB of a streamed tensor is held at
-// once.
+// save() of tensors some of which are streamed; at most `piece_bytes` of a streamed tensor is
+// held at once.
 FileDigest save_streamed(const std::string& path, const std::vector<StreamedTensor>& tensors,
                          const std::map<std::string, std::string>& metadata = {},
-                         io::FileSystem* fs = nullptr);
+                         io::FileSystem* fs = nullptr, int64_t piece_bytes = int64_t{16} << 20);
 
 // Reads and validates a whole file. Throws IoError naming the file (and tensor) on any problem.
 Contents load(const std::string& path, io::FileSystem* fs = nullptr);

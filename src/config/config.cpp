@@ -6,6 +6,7 @@
 // batch.cpp.
 #include "dscpp/config.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -654,7 +655,43 @@ void parse_checkpoint(JsonReader& root, CheckpointConfig* c) {
     w.get("pipeline_stage", &c->parallel_write.pipeline_stage);
     w.finish();
   }
-  r.unimplemented("writer");
+  {
+    CheckpointWriterConfig& cw = c->writer;
+    cw.given = r.has("writer");
+    JsonReader w = r.child("writer");
+    // DeepSpeed upper-cases type and data_parallel before it checks them.
+    auto upper = [](std::string v) {
+      for (char& ch : v) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+      return v;
+    };
+    std::string type = cw.type;
+    w.get("type", &type);
+    cw.type = upper(type);
+    if (cw.type != "FAST" && cw.type != "PYTHON" && cw.type != "MOCK")
+      w.fail("type", "must be one of mock, python, fast (any case), got \"" + type + "\"");
+    w.get("decoupled", &cw.decoupled);
+    w.get("io_buffer_size", &cw.io_buffer_size);
+    if (cw.io_buffer_size < (int64_t{1} << 20))
+      w.fail("io_buffer_size",
+             "must be at least 1048576 (1 MiB), got " + std::to_string(cw.io_buffer_size));
+    if (w.has("io_buffer_double")) {
+      bool v = true;
+      w.get("io_buffer_double", &v);
+      cw.io_buffer_double = v;
+    }
+    w.get("show_statistics", &cw.show_statistics);
+    std::optional<std::string> dp;
+    w.get("data_parallel", &dp);
+    if (dp) {
+      cw.data_parallel = upper(*dp);
+      if (cw.data_parallel != "REPLICA" && cw.data_parallel != "SOCKET" &&
+          cw.data_parallel != "MACHINE")
+        w.fail("data_parallel",
+               "must be one of replica, socket, machine (any case), got \"" + *dp + "\"");
+    }
+    w.get("io_multiplier", &cw.io_multiplier);
+    w.finish();
+  }
   r.finish();
 }
 
@@ -1127,6 +1164,16 @@ std::string Config::describe() const {
   d.line("checkpoint.load_universal", checkpoint.load_universal);
   d.line("checkpoint.use_node_local_storage", checkpoint.use_node_local_storage);
   d.line("checkpoint.parallel_write.pipeline_stage", checkpoint.parallel_write.pipeline_stage);
+  if (checkpoint.writer.given) {
+    const CheckpointWriterConfig& w = checkpoint.writer;
+    d.str("checkpoint.writer.type", w.type);
+    d.line("checkpoint.writer.decoupled", w.decoupled);
+    d.line("checkpoint.writer.io_buffer_size", w.io_buffer_size);
+    if (w.io_buffer_double) d.line("checkpoint.writer.io_buffer_double", *w.io_buffer_double);
+    d.line("checkpoint.writer.show_statistics", w.show_statistics);
+    if (!w.data_parallel.empty()) d.str("checkpoint.writer.data_parallel", w.data_parallel);
+    d.line("checkpoint.writer.io_multiplier", w.io_multiplier);
+  }
   elasticity_keys().describe(d, "elasticity.", elasticity);
   comms_logger_keys().describe(d, "comms_logger.", comms_logger);
   flops_profiler_keys().describe(d, "flops_profiler.", flops_profiler);

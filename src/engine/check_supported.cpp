@@ -141,6 +141,39 @@ std::vector<std::string> check_supported(const Config& c, const SupportContext& 
               "checkpoint.parallel_write.pipeline_stage is not implemented: dscpp has no pipeline "
               "parallelism (every rank already writes its own slice in parallel). HINT: remove it");
 
+  // checkpoint.writer: decoupled is honoured (save_checkpoint in the background), type FAST is
+  // dscpp's writer, io_buffer_size the piece a background write copies and writes at a time.
+  const auto& w = ck.writer;
+  DSCPP_CHECK(w.type == "FAST", ConfigError, "checkpoint.writer.type ", w.type,
+              " is not implemented: ",
+              w.type == "MOCK" ? "it writes nothing, so the checkpoint would be lost"
+                               : "it writes torch.save pickles, which dscpp does not",
+              ". HINT: use \"fast\" (the default): dscpp's writer of safetensors files");
+  DSCPP_CHECK(w.data_parallel.empty(), ConfigError, "checkpoint.writer.data_parallel ",
+              w.data_parallel,
+              " is not implemented: it spreads the writing of replicated state over data-parallel "
+              "ranks, and dscpp's replicated state (frozen parameters and buffers) is written by "
+              "rank 0 alone while every rank writes its own slice of the rest. HINT: remove it");
+  DSCPP_CHECK(w.io_multiplier == 1, ConfigError, "checkpoint.writer.io_multiplier ",
+              w.io_multiplier,
+              " is not implemented: dscpp writes each rank's file through one stream. HINT: remove "
+              "it");
+  if (w.io_buffer_double.value_or(false)) {
+    warnings.push_back(
+        "checkpoint.writer.io_buffer_double is not implemented: dscpp's writer fills one buffer "
+        "of io_buffer_size at a time and writes it through the page cache, not FastPersist's two "
+        "pinned O_DIRECT buffers");
+  }
+  if (w.decoupled) {
+    DSCPP_CHECK(c.zero_optimization.offload_optimizer.device != "nvme" &&
+                    c.zero_optimization.offload_param.device != "nvme",
+                ConfigError,
+                "checkpoint.writer.decoupled with offload to nvme is not implemented: the swap "
+                "files the checkpoint streams from are rewritten by the next step, so a write in "
+                "the background would need a second copy of them. HINT: remove decoupled (the "
+                "save then streams the swap files before it returns)");
+  }
+
   // ----- monitors: tensorboard and csv_monitor are written (src/monitor); the services are not
   DSCPP_CHECK(!c.wandb.enabled, ConfigError,
               "wandb.enabled is not supported: Weights & Biases logs through its Python client "

@@ -7,8 +7,11 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <fmt/format.h>
+#include <time.h>
 
 #include <algorithm>
+#include <exception>
+#include <future>
 #include <map>
 #include <mutex>
 #include <set>
@@ -68,6 +71,17 @@ std::vector<std::pair<std::string, at::Tensor>> replicated_tensors(torch::nn::Mo
   return out;
 }
 
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// CPU time of the calling thread so far, seconds.
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 const char* dtype_label(at::ScalarType t) {
   return t == at::kBFloat16 ? "bf16" : t == at::kHalf ? "fp16" : "fp32";
 }
@@ -115,10 +129,25 @@ std::string EngineImpl::agree_on_tag(const std::string& tag) {
   return agreed;
 }
 
-std::vector<safetensors::StreamedTensor> EngineImpl::checkpoint_tensors() {
+std::vector<safetensors::StreamedTensor> EngineImpl::checkpoint_tensors(
+    checkpoint::LiveSnapshot* live) {
   std::vector<safetensors::StreamedTensor> out;
+  // What the next step changes in place (the values, the optimizer's states): read from its
+  // memory as the file is written when the save is in the background, unless it had to be
+  // copied anyway (another device, a piece of a part).
   auto held = [&](std::string name, const at::Tensor& t) {
-    out.push_back({std::move(name), t.detach().to(at::kCPU).contiguous(), 0, nullptr});
+    at::Tensor c = t.detach().to(at::kCPU).contiguous();
+    if (live && c.is_alias_of(t)) {
+      out.push_back(live->add(std::move(name), c));
+    } else {
+      out.push_back({std::move(name), std::move(c), 0, nullptr});
+    }
+  };
+  // What anything may change (buffers in forward, a generator): copied now.
+  auto copied = [&](std::string name, const at::Tensor& t) {
+    at::Tensor c = t.detach().to(at::kCPU).contiguous();
+    if (live && c.is_alias_of(t)) c = c.clone();
+    out.push_back({std::move(name), std::move(c), 0, nullptr});
   };
   const std::vector<zero::Part> parts = strategy_->parts();
   const auto states = optimizer_->state();
@@ -139,6 +168,7 @@ std::vector<safetensors::StreamedTensor> EngineImpl::checkpoint_tensors() {
     auto swapped = [&](const std::string& what) {
       DSCPP_CHECK(g.begin == lo && g.length == S, Error,
                   "internal: an offloaded part is not this rank's slice");
+      DSCPP_CHECK(!live, Error, "internal: a background save of a swap file");
       out.push_back({checkpoint::slice_tensor_name(g.name, what), at::Tensor(), S,
                      [this, what, base = g.part_offset](int64_t off, const at::Tensor& dst) {
                        store_->read(what, base + off, dst);
@@ -162,21 +192,72 @@ std::vector<safetensors::StreamedTensor> EngineImpl::checkpoint_tensors() {
   {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
-    held(kRngCpu, gen.get_state());
+    copied(kRngCpu, gen.get_state());
   }
   const at::Device device = strategy_->options().device();
   if (device.is_cuda()) {
     at::Generator gen = at::globalContext().defaultGenerator(device);
     std::lock_guard<std::mutex> lock(gen.mutex());
-    held(kRngCuda, gen.get_state());
+    copied(kRngCuda, gen.get_state());
   }
   if (rank == 0) {
     for (auto& [name, t] : replicated_tensors(*model_))
-      held(checkpoint::replicated_tensor_name(name), t);
+      copied(checkpoint::replicated_tensor_name(name), t);
   }
   return out;
 }
 
+checkpoint::Manifest EngineImpl::describe_checkpoint(const std::string& tag,
+                                                     const nlohmann::json& client_state) {
+  checkpoint::Manifest m;
+  m.tag = tag;
+  m.world_size = comm_->world_size();
+  m.stage = config_.zero_optimization.stage;
+  m.dtype = dtype_label(dtype_);
+  m.optimizer = optimizer_->name();
+  for (const zero::CheckpointGroup& g : strategy_->checkpoint_groups()) {
+    checkpoint::Group cg{g.name, g.layout.numel, g.layout.padded, {}};
+    for (size_t i = 0; i < g.names.size(); ++i)
+      cg.parameters.push_back({g.names[i], g.shapes[i], g.layout.segments[i].first});
+    m.groups.push_back(std::move(cg));
+  }
+  m.states.push_back(kValues);
+  for (const auto& [name, state] : optimizer_->state()) m.states.push_back(name);
+  for (auto& [name, t] : replicated_tensors(*model_))
+    m.replicated.push_back({name, t.sizes().vec()});
+  m.counters = {{"global_steps", global_steps_},
+                {"micro_steps", micro_steps_},
+                {"global_samples", global_samples_},
+                {"skipped_steps", skipped_steps_}};
+  m.lr_scheduler = {{"type", lr_schedule_->name()},
+                    {"last_batch_iteration", lr_schedule_->last_batch_iteration()}};
+  if (scaler_) {
+    const auto st = scaler_->state();
+    m.loss_scaler = {{"scale", st.scale},
+                     {"iter", st.iter},
+                     {"last_overflow_iter", st.last_overflow_iter},
+                     {"hysteresis", st.hysteresis},
+                     {"overflows", st.overflows}};
+  }
+  m.rng = {{"per_rank", strategy_->options().device().is_cuda()
+                            ? std::vector<std::string>{kRngCpu, kRngCuda}
+                            : std::vector<std::string>{kRngCpu}}};
+  m.data = {{"global_samples", global_samples_}, {"train_batch_size", train_batch_size()}};
+  m.client_state = client_state;
+  m.config = {{"source", config_.source}, {"resolved", config_.describe()}};
+  return m;
+}
+
+// NOTE [background save]: with checkpoint.writer.decoupled, save_checkpoint() does step 1 on a
+// thread of its own and returns. That thread reads the values and optimizer states straight from
+// the memory training uses (checkpoint/live_snapshot.h); before the next optimizer step changes
+// them (release_live_state, or a stage 3 write-back), what it has not written yet is copied, so
+// a write that ends within one step costs no copy at all. Steps 2-3 need every rank's file
+// durable: at the end of each optimizer step one small all-reduce asks whether every rank's
+// write ended, and when it has the checkpoint is published there, at the same step on every
+// rank. Until then `latest` names the previous checkpoint, so a crash mid-write loses only this
+// one. A second save, a load, wait_for_checkpoint() and the engine's destructor finish (wait for
+// and publish) the save in flight first.
 std::string EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag_given,
                                         const nlohmann::json& client_state) {
   const auto t0 = Clock::now();
@@ -184,90 +265,167 @@ std::string EngineImpl::save_checkpoint(const std::string& dir, const std::strin
   DSCPP_CHECK(client_state.is_object(), CheckpointError,
               "save_checkpoint(): client_state must be a JSON object, got ",
               client_state.type_name());
+  wait_for_checkpoint();  // one save at a time: the one in flight is published first
   const int rank = comm_->rank(), world = comm_->world_size();
   const std::string tag =
       agree_on_tag(tag_given.empty() ? fmt::format("global_step{}", global_steps_) : tag_given);
-  const std::string folder = dir + "/" + tag;
+  const auto& writer = config_.checkpoint.writer;
+  const bool background = writer.decoupled;
+  PendingSave save;
+  save.dir = dir;
+  save.folder = dir + "/" + tag;
+  save.started = t0;
+  if (rank == 0) save.manifest = describe_checkpoint(tag, client_state);
 
   // 1. Every rank writes its slice of every state into its own file, durably (temporary name,
-  // fsync, rename, directory fsync), all at once.
-  safetensors::FileDigest digest;
-  on_every_rank("writing checkpoint '" + folder + "'", [&] {
+  // fsync, rename, directory fsync), all at once: before returning, or in the background.
+  WrittenFile mine;
+  on_every_rank("writing checkpoint '" + save.folder + "'", [&] {
     if (checkpoint::begin_save(dir, tag, file_system_).replaced && rank == 0) {
       DSCPP_LOG_WARN(
           "replacing checkpoint {}: complete, but not the one {}/latest names (a save "
           "whose update of latest was cut off, or an earlier run's)",
-          folder, dir);
+          save.folder, dir);
     }
-    digest = safetensors::save_streamed(folder + "/" + checkpoint::rank_file_name(rank, world),
-                                        checkpoint_tensors(), {}, file_system_);
+    if (background) save.live = std::make_unique<checkpoint::LiveSnapshot>();
+    auto write = [path = save.folder + "/" + checkpoint::rank_file_name(rank, world),
+                  tensors = checkpoint_tensors(save.live.get()), fs = file_system_,
+                  piece = writer.given ? writer.io_buffer_size : int64_t{16} << 20] {
+      const auto t = Clock::now();
+      const double cpu = thread_cpu_seconds();
+      WrittenFile f{safetensors::save_streamed(path, tensors, {}, fs, piece)};
+      f.seconds = seconds_since(t);
+      f.cpu_seconds = thread_cpu_seconds() - cpu;
+      return f;
+    };
+    if (background) {
+      save.write = std::async(std::launch::async, std::move(write));
+    } else {
+      mine = write();
+    }
   });
+  if (!background) return publish_checkpoint(save, mine);
+  save.stall_s = seconds_since(t0);
+  if (rank == 0) {
+    DSCPP_LOG_INFO(
+        "writing checkpoint {} in the background (optimizer step {}; {:.3f} s to start); "
+        "{}/latest moves to it once every rank's file is durable",
+        save.folder, global_steps_, save.stall_s, dir);
+  }
+  const std::string folder = save.folder;
+  pending_save_ = std::move(save);
+  return folder;
+}
 
+std::string EngineImpl::publish_checkpoint(PendingSave& save, const WrittenFile& mine) {
+  const int rank = comm_->rank(), world = comm_->world_size();
+  const auto t_publish = Clock::now();
   // 2. The ranks exchange their files' sizes and CRC-32Cs: every file is durable now.
-  at::Tensor mine = rank_values(2, strategy_->options().device());
-  mine[0] = static_cast<double>(digest.bytes);
-  mine[1] = static_cast<double>(digest.crc32c);
+  at::Tensor m = rank_values(2, strategy_->options().device());
+  m[0] = static_cast<double>(mine.digest.bytes);
+  m[1] = static_cast<double>(mine.digest.crc32c);
   at::Tensor all = rank_values(2 * world, strategy_->options().device());
-  comm_->all_gather(all, mine)->wait();
+  comm_->all_gather(all, m)->wait();
   all = all.cpu();
 
   // 3. Rank 0 writes the manifest, then points `latest` at the tag; a failure there leaves
   // `latest` on the previous checkpoint, and every rank reports it.
   uint64_t total_bytes = 0;
-  on_every_rank("publishing checkpoint '" + folder + "'", [&] {
+  for (int q = 0; q < world; ++q)
+    total_bytes += static_cast<uint64_t>(all.data_ptr<double>()[2 * q]);
+  on_every_rank("publishing checkpoint '" + save.folder + "'", [&] {
     if (rank != 0) return;
-    checkpoint::Manifest m;
-    m.tag = tag;
-    m.world_size = world;
-    m.stage = config_.zero_optimization.stage;
-    m.dtype = dtype_label(dtype_);
-    m.optimizer = optimizer_->name();
-    for (const zero::CheckpointGroup& g : strategy_->checkpoint_groups()) {
-      checkpoint::Group cg{g.name, g.layout.numel, g.layout.padded, {}};
-      for (size_t i = 0; i < g.names.size(); ++i)
-        cg.parameters.push_back({g.names[i], g.shapes[i], g.layout.segments[i].first});
-      m.groups.push_back(std::move(cg));
-    }
-    m.states.push_back(kValues);
-    for (const auto& [name, state] : optimizer_->state()) m.states.push_back(name);
     for (int q = 0; q < world; ++q) {
       const auto bytes = static_cast<uint64_t>(all.data_ptr<double>()[2 * q]);
       const auto crc = static_cast<uint32_t>(all.data_ptr<double>()[2 * q + 1]);
-      m.files.push_back({checkpoint::rank_file_name(q, world), q, bytes, crc});
-      total_bytes += bytes;
+      save.manifest.files.push_back({checkpoint::rank_file_name(q, world), q, bytes, crc});
     }
-    for (auto& [name, t] : replicated_tensors(*model_))
-      m.replicated.push_back({name, t.sizes().vec()});
-    m.counters = {{"global_steps", global_steps_},
-                  {"micro_steps", micro_steps_},
-                  {"global_samples", global_samples_},
-                  {"skipped_steps", skipped_steps_}};
-    m.lr_scheduler = {{"type", lr_schedule_->name()},
-                      {"last_batch_iteration", lr_schedule_->last_batch_iteration()}};
-    if (scaler_) {
-      const auto st = scaler_->state();
-      m.loss_scaler = {{"scale", st.scale},
-                       {"iter", st.iter},
-                       {"last_overflow_iter", st.last_overflow_iter},
-                       {"hysteresis", st.hysteresis},
-                       {"overflows", st.overflows}};
-    }
-    m.rng = {{"per_rank", strategy_->options().device().is_cuda()
-                              ? std::vector<std::string>{kRngCpu, kRngCuda}
-                              : std::vector<std::string>{kRngCpu}}};
-    m.data = {{"global_samples", global_samples_}, {"train_batch_size", train_batch_size()}};
-    m.client_state = client_state;
-    m.config = {{"source", config_.source}, {"resolved", config_.describe()}};
-    checkpoint::publish(dir, m, file_system_);
+    checkpoint::publish(save.dir, save.manifest, file_system_);
   });
-  if (rank == 0) {
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double s = seconds_since(save.started);
+  const double mib = total_bytes / 1048576.0;
+  const bool background = save.live != nullptr;
+  if (background) save.stall_s += seconds_since(t_publish);
+  if (background && config_.checkpoint.writer.show_statistics) {
+    DSCPP_LOG_INFO(
+        "checkpoint {}: this rank wrote {:.1f} MiB in {:.2f} s ({:.0f} MiB/s; the writing thread "
+        "on a core {:.2f} s) in the background; training waited {:.3f} s for it, {:.1f} MiB "
+        "copied before a step changed them",
+        save.folder, mine.digest.bytes / 1048576.0, mine.seconds,
+        mine.seconds > 0 ? mine.digest.bytes / 1048576.0 / mine.seconds : 0.0, mine.cpu_seconds,
+        save.stall_s, save.copied_bytes / 1048576.0);
+  }
+  if (rank == 0 && background) {
+    DSCPP_LOG_INFO(
+        "published checkpoint {} at optimizer step {}: {} ranks, {:.1f} MiB written in the "
+        "background ({:.2f} s on rank 0, {:.0f} MiB/s); {:.2f} s after the save began, training "
+        "waited {:.3f} s on rank 0",
+        save.folder, global_steps_, world, mib, mine.seconds,
+        mine.seconds > 0 ? mine.digest.bytes / 1048576.0 / mine.seconds : 0.0, s, save.stall_s);
+  } else if (rank == 0) {
     DSCPP_LOG_INFO(
         "saved checkpoint {} at optimizer step {}: {} ranks, {:.1f} MiB in {:.2f} s ({:.0f} MiB/s)",
-        folder, global_steps_, world, total_bytes / 1048576.0, s,
-        s > 0 ? total_bytes / 1048576.0 / s : 0.0);
+        save.folder, global_steps_, world, mib, s, s > 0 ? mib / s : 0.0);
   }
-  return folder;
+  return save.folder;
+}
+
+void EngineImpl::release_live_state() {
+  if (!pending_save_ || pending_save_->released) return;
+  PendingSave& save = *pending_save_;
+  save.released = true;
+  if (save.write.wait_for(std::chrono::seconds(0)) == std::future_status::ready) return;
+  const auto t = Clock::now();
+  save.copied_bytes += save.live->copy_unwritten();
+  save.stall_s += seconds_since(t);
+}
+
+void EngineImpl::publish_written_checkpoint() {
+  if (!pending_save_) return;
+  const auto t = Clock::now();
+  at::Tensor writing = rank_values(1, strategy_->options().device());
+  if (pending_save_->write.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
+    writing.fill_(1.0);
+  comm_->all_reduce(writing)->wait();
+  pending_save_->stall_s += seconds_since(t);
+  if (writing.item<double>() == 0) finish_pending_save();
+}
+
+std::string EngineImpl::finish_pending_save() {
+  PendingSave save = std::move(*pending_save_);
+  pending_save_.reset();
+  const auto t = Clock::now();
+  WrittenFile mine;
+  on_every_rank("writing checkpoint '" + save.folder + "'", [&] { mine = save.write.get(); });
+  save.stall_s += seconds_since(t);
+  return publish_checkpoint(save, mine);
+}
+
+std::string EngineImpl::wait_for_checkpoint() {
+  return pending_save_ ? finish_pending_save() : std::string();
+}
+
+void EngineImpl::finish_pending_save_at_exit() noexcept {
+  if (!pending_save_) return;
+  const std::string folder = pending_save_->folder;
+  try {
+    if (std::uncaught_exceptions() > 0) {
+      // Another rank may be gone: no collective. The file is completed; `latest` stays.
+      pending_save_->write.wait();
+      DSCPP_LOG_WARN(
+          "checkpoint {} was being written in the background when the engine was destroyed by "
+          "an error: its file is written but the checkpoint is not published, and latest still "
+          "names the previous one",
+          folder);
+      pending_save_.reset();
+      return;
+    }
+    finish_pending_save();
+  } catch (const std::exception& e) {
+    DSCPP_LOG_ERROR("checkpoint {} written in the background was not published: {}", folder,
+                    e.what());
+  }
+  pending_save_.reset();
 }
 
 LoadResult EngineImpl::load_checkpoint(const std::string& dir, const std::string& tag_given,
@@ -276,6 +434,7 @@ LoadResult EngineImpl::load_checkpoint(const std::string& dir, const std::string
   // fits, and proven every file whole (1-2).
   const auto t0 = Clock::now();
   check_checkpointable("load_checkpoint");
+  wait_for_checkpoint();  // a save in flight is published before the state changes
   const LoadSource src = find_checkpoint(dir, tag_given, opts);  // 1.
   check_whole(src);                                              // 2.
   const uint64_t bytes_read = read_rank_state(src, opts);        // 3.

@@ -21,6 +21,7 @@ std::string Engine::save_checkpoint(const std::string& dir, const std::string& t
                                     const nlohmann::json& client_state) {
   return impl_->save_checkpoint(dir, tag, client_state);
 }
+std::string Engine::wait_for_checkpoint() { return impl_->wait_for_checkpoint(); }
 LoadResult Engine::load_checkpoint(const std::string& dir, const std::string& tag,
                                    const LoadOptions& options) {
   return impl_->load_checkpoint(dir, tag, options);

@@ -13,9 +13,12 @@
 
 #include <chrono>
 #include <functional>
+#include <future>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "checkpoint/live_snapshot.h"
 #include "checkpoint/manifest.h"
 #include "dscpp/async_io.h"
 #include "dscpp/engine.h"
@@ -54,6 +57,7 @@ class EngineImpl {
                               const nlohmann::json& client_state);
   LoadResult load_checkpoint(const std::string& dir, const std::string& tag,
                              const LoadOptions& options);
+  std::string wait_for_checkpoint();
   bool is_gradient_accumulation_boundary() const;
   double get_lr() const;
   double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
@@ -166,8 +170,45 @@ class EngineImpl {
   // What this rank's file holds: its slice of every group's fp32 values and optimizer states,
   // its RNG states, and on rank 0 the frozen parameters and buffers.
   // What the store keeps on disk (the swap file's fp32 values and optimizer states) is streamed
-  // from it as the rank file is written.
-  std::vector<safetensors::StreamedTensor> checkpoint_tensors();
+  // from it as the rank file is written. With `live` (a background save) the values and states
+  // held in CPU memory are read from that memory as the file is written (LiveSnapshot); the
+  // rest is copied now.
+  std::vector<safetensors::StreamedTensor> checkpoint_tensors(checkpoint::LiveSnapshot* live);
+  // The manifest of a save at this step (rank 0 writes it), but for the files' sizes and CRCs.
+  checkpoint::Manifest describe_checkpoint(const std::string& tag,
+                                           const nlohmann::json& client_state);
+  // A save whose rank file is written, or being written (checkpoint.writer.decoupled), and not
+  // yet published. NOTE [background save] in checkpoint.cpp.
+  struct WrittenFile {
+    safetensors::FileDigest digest;
+    double seconds = 0;      // how long the write took
+    double cpu_seconds = 0;  // of which the writing thread ran on a core (a background write
+                             // takes these from training when every core trains)
+  };
+  struct PendingSave {
+    std::string dir, folder;
+    checkpoint::Manifest manifest;  // rank 0's
+    std::unique_ptr<checkpoint::LiveSnapshot> live;
+    std::future<WrittenFile> write;
+    std::chrono::steady_clock::time_point started;
+    double stall_s = 0;        // seconds training waited for this save so far
+    int64_t copied_bytes = 0;  // copied before a step changed what was not written yet
+    bool released = false;     // the write reads no live memory any more
+  };
+  // Steps 2-3 of a save once every rank's file is durable: the ranks agree on the files, rank 0
+  // writes the manifest and points `latest` at the tag. Returns the folder.
+  std::string publish_checkpoint(PendingSave& save, const WrittenFile& mine);
+  // A background save: before the parameters or optimizer states change, what it has not
+  // written yet is copied (a no-op once its write is done or it was copied).
+  void release_live_state();
+  // A background save: at an optimizer step's end, published when every rank's file is durable
+  // (one small all-reduce per step while a write is in flight).
+  void publish_written_checkpoint();
+  // Waits for the write in flight on every rank and publishes it. Returns its folder.
+  std::string finish_pending_save();
+  // The engine's destructor: a save in flight is finished and published, or, when an exception
+  // is unwinding, its write is waited for and left unpublished.
+  void finish_pending_save_at_exit() noexcept;
 
   // load_checkpoint's steps, in order. 1-2 change nothing: the checkpoint found (rank 0
   // resolves the tag for all), its manifest read and checked against this model and optimizer
@@ -234,6 +275,8 @@ class EngineImpl {
   // time since the previous one (NOTE [op times]).
   std::unique_ptr<profiling::OpTimes> op_times_;
   std::chrono::steady_clock::time_point op_times_since_;
+  // A background save not yet published; last, so it goes before the state its write reads.
+  std::optional<PendingSave> pending_save_;
 };
 
 }  // namespace dscpp::engine

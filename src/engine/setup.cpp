@@ -65,7 +65,7 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> model, Config config, 
   window_start_ = std::chrono::steady_clock::now();
 }
 
-EngineImpl::~EngineImpl() = default;
+EngineImpl::~EngineImpl() { finish_pending_save_at_exit(); }
 
 void EngineImpl::log_detail(const std::string& text) const {
   if (detail_log_level_ == LogLevel::debug) {
@@ -377,6 +377,7 @@ void EngineImpl::build_strategy() {
   strategy_ = zero::make_strategy(*model_, std::move(np), layout, *comm_, so, s3,
                                   [this](int64_t part_numel) { return store_->open(part_numel); });
   store_->flush();
+  strategy_->set_before_values_change([this] { release_live_state(); });
   if (stage > 0 && stage < 3) {
     DSCPP_LOG_INFO("ZeRO stage {}: {} parameters padded to {}, this rank updates [{}, {})", stage,
                    layout.numel, layout.padded, strategy_->part_begin(),

@@ -376,6 +376,7 @@ void EngineImpl::apply_step() {
   // the schedule ticks.
   DSCPP_LOG_DEBUG("optimizer step {}: loss {:.6f}, grad_norm {:.6f}, lr {:.6e}", global_steps_ + 1,
                   loss, grad_norm, lr);
+  release_live_state();  // a checkpoint in flight copies what it has not written yet
   strategy_->before_update();
   update_parameters(red, unscale, coef, lr);
   const auto t_gather = Clock::now();
@@ -401,6 +402,8 @@ void EngineImpl::apply_step() {
   finish_profiler();
   abandon_window();  // zeroes the gradients, resets the window's counters and timers
   start_profiler_if_due();
+  // 5. A checkpoint written in the background is published once every rank's file is durable.
+  publish_written_checkpoint();
 }
 
 void EngineImpl::run_optimizer(const Reduced& red, double unscale, double coef, double lr) {

@@ -125,12 +125,16 @@ FileDigest save(const std::string& path, const TensorList& tensors,
 }
 
 FileDigest save_streamed(const std::string& path, const std::vector<StreamedTensor>& tensors,
-                         const std::map<std::string, std::string>& metadata, io::FileSystem* fs) {
-  // The header needs only names, dtypes and shapes: a streamed tensor stands in as one fp32
-  // element expanded to its length (no memory).
+                         const std::map<std::string, std::string>& metadata, io::FileSystem* fs,
+                         int64_t piece_bytes) {
+  // The header needs only names, dtypes and shapes: a streamed tensor stands in as one element
+  // expanded to its length (no memory).
   TensorList shapes;
   for (const auto& t : tensors) {
-    shapes.emplace_back(t.name, t.tensor.defined() ? t.tensor : at::zeros({1}).expand({t.numel}));
+    shapes.emplace_back(t.name,
+                        t.tensor.defined()
+                            ? t.tensor
+                            : at::zeros({1}, at::TensorOptions().dtype(t.dtype)).expand({t.numel}));
   }
   std::string header;
   try {
@@ -149,7 +153,7 @@ FileDigest save_streamed(const std::string& path, const std::vector<StreamedTens
     };
     put(prefix.data(), prefix.size());
     put(header.data(), header.size());
-    at::Tensor piece;  // a streamed tensor's bytes, 16 MiB at a time
+    at::Tensor buffer;  // a streamed tensor's bytes, piece_bytes at a time
     for (const auto& t : tensors) {
       DSCPP_CHECK(!fault::point(fault::Phase::save), IoError, "writing '", path,
                   "' failed: ", std::strerror(EIO));
@@ -159,13 +163,15 @@ FileDigest save_streamed(const std::string& path, const std::vector<StreamedTens
         put(t.tensor.data_ptr(), static_cast<size_t>(t.tensor.numel() * t.tensor.element_size()));
         continue;
       }
-      constexpr int64_t kPiece = int64_t{1} << 22;
-      if (!piece.defined() || piece.numel() < std::min(kPiece, t.numel))
-        piece = at::empty({std::min(kPiece, t.numel)});
-      for (int64_t off = 0; off < t.numel; off += kPiece) {
-        at::Tensor dst = piece.narrow(0, 0, std::min(kPiece, t.numel - off));
+      const int64_t size = c10::elementSize(t.dtype);
+      const int64_t piece = std::max<int64_t>(1, piece_bytes / size);
+      if (!buffer.defined() || buffer.numel() < std::min(piece, t.numel) * size)
+        buffer = at::empty({std::min(piece, t.numel) * size}, at::kByte);
+      for (int64_t off = 0; off < t.numel; off += piece) {
+        const int64_t n = std::min(piece, t.numel - off);
+        at::Tensor dst = buffer.narrow(0, 0, n * size).view(t.dtype);
         t.fill(off, dst);
-        put(dst.data_ptr(), static_cast<size_t>(dst.numel() * 4));
+        put(dst.data_ptr(), static_cast<size_t>(n * size));
       }
     }
   });

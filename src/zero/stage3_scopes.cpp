@@ -25,6 +25,7 @@ std::map<std::string, std::string> Stage3::load_weights(const std::string& path)
   std::vector<std::pair<std::string, std::vector<int64_t>>> wanted;
   for (const auto& item : named) wanted.emplace_back(item.key(), item.value().sizes().vec());
   safetensors::check_matches(wanted, reader.shapes(), path);
+  before_values_change();
   // Where each parameter lives: a unit's (unit, index) or the resident group's (-1, index).
   std::unordered_map<const void*, std::pair<int, int>> place;
   for (size_t u = 0; u < units_.size(); ++u) {
@@ -152,6 +153,7 @@ void Stage3::close_scope(int id) {
   Scope scope = scopes_.back();
   scopes_.pop_back();
   if (scope.modifier) {
+    before_values_change();
     if (scope.resident) write_back(-1, *scope.modifier);
     for (int u : scope.units) write_back(u, *scope.modifier);
   }

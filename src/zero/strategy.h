@@ -17,6 +17,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -127,6 +128,10 @@ class Strategy {
   // it closes, so a checkpoint taken or loaded inside it would not be what training continues
   // from).
   virtual bool gathered_scope_open() const { return false; }
+  // Called before the strategy itself changes the values a checkpoint reads, outside step()
+  // (stage 3: a GatheredParameters scope's write-back, zero::load_weights): a checkpoint being
+  // written in the background copies what it has not written yet (src/checkpoint/live_snapshot.h).
+  void set_before_values_change(std::function<void()> f) { before_values_change_ = std::move(f); }
 
   // Bytes held for the parameters, the gradients between steps and the staging buffers.
   virtual int64_t param_bytes() const = 0;
@@ -147,6 +152,14 @@ class Strategy {
   virtual FetchStats take_fetch_stats() { return {}; }
   int64_t grad_bytes() { return reducer().grad_bytes(); }
   int64_t staging_bytes() { return reducer().staging_bytes(); }
+
+ protected:
+  void before_values_change() const {
+    if (before_values_change_) before_values_change_();
+  }
+
+ private:
+  std::function<void()> before_values_change_;
 };
 
 // Sees the fp32 values of this rank's part as the strategy lays the model out (and as stage 3's

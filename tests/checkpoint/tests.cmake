@@ -4,4 +4,5 @@
 list(APPEND DSCPP_ENGINE_TEST_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/verify_test.cpp
   ${CMAKE_CURRENT_LIST_DIR}/engine_checkpoint_test.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/background_save_test.cpp
   ${CMAKE_CURRENT_LIST_DIR}/crash_test.cpp)

@@ -616,6 +616,11 @@ TEST(ConfigDefaults, EmptyConfigHasDeepSpeedDefaults) {
   EXPECT_EQ(c.checkpoint.tag_validation, "Warn");
   EXPECT_FALSE(c.checkpoint.load_universal);
   EXPECT_FALSE(c.checkpoint.parallel_write.pipeline_stage);
+  EXPECT_FALSE(c.checkpoint.writer.given);
+  EXPECT_FALSE(c.checkpoint.writer.decoupled);
+  EXPECT_EQ(c.checkpoint.writer.type, "FAST");
+  EXPECT_EQ(c.checkpoint.writer.io_buffer_size, 64 << 20);
+  EXPECT_FALSE(c.checkpoint.writer.io_buffer_double.has_value());
   EXPECT_FALSE(c.comms_logger.enabled);
   EXPECT_TRUE(c.comms_logger.prof_all);
   EXPECT_TRUE(c.comms_logger.prof_ops.empty());
@@ -640,7 +645,10 @@ TEST(ConfigSections, SmallSectionsParse) {
         "contiguous_memory_optimization": true, "number_checkpoints": 4,
         "synchronize_checkpoint_boundary": true, "profile": true},
     "checkpoint": {"tag_validation": "fail", "load_universal": true,
-                   "use_node_local_storage": true, "parallel_write": {"pipeline_stage": true}},
+                   "use_node_local_storage": true, "parallel_write": {"pipeline_stage": true},
+                   "writer": {"type": "mock", "decoupled": true, "io_buffer_size": 2e6,
+                              "io_buffer_double": false, "show_statistics": true,
+                              "data_parallel": "machine", "io_multiplier": 2}},
     "aio": {"block_size": 262144, "queue_depth": 32, "thread_count": 2, "single_submit": true,
             "overlap_events": false},
     "csv_monitor": {"enabled": true, "output_path": "logs/", "job_name": "run1"},
@@ -663,6 +671,21 @@ TEST(ConfigSections, SmallSectionsParse) {
   EXPECT_TRUE(c.activation_checkpointing.synchronize_checkpoint_boundary);
   EXPECT_EQ(c.checkpoint.tag_validation, "Fail");
   EXPECT_TRUE(c.checkpoint.parallel_write.pipeline_stage);
+  EXPECT_TRUE(c.checkpoint.writer.given);
+  EXPECT_TRUE(c.checkpoint.writer.decoupled);
+  EXPECT_EQ(c.checkpoint.writer.type, "MOCK");  // upper-cased, as DeepSpeed does
+  EXPECT_EQ(c.checkpoint.writer.io_buffer_size, 2000000);
+  EXPECT_EQ(c.checkpoint.writer.io_buffer_double, false);
+  EXPECT_TRUE(c.checkpoint.writer.show_statistics);
+  EXPECT_EQ(c.checkpoint.writer.data_parallel, "MACHINE");
+  EXPECT_EQ(c.checkpoint.writer.io_multiplier, 2);
+  EXPECT_EQ(parse_error(R"({"checkpoint": {"writer": {"type": "torch"}}})"),
+            "checkpoint.writer.type: must be one of mock, python, fast (any case), got \"torch\"");
+  EXPECT_EQ(parse_error(R"({"checkpoint": {"writer": {"io_buffer_size": 1000}}})"),
+            "checkpoint.writer.io_buffer_size: must be at least 1048576 (1 MiB), got 1000");
+  EXPECT_EQ(parse_error(R"({"checkpoint": {"writer": {"data_parallel": "host"}}})"),
+            "checkpoint.writer.data_parallel: must be one of replica, socket, machine (any case), "
+            "got \"host\"");
   EXPECT_EQ(c.aio.block_size, 262144);
   EXPECT_EQ(c.aio.thread_count, 2);
   EXPECT_FALSE(c.aio.overlap_events);

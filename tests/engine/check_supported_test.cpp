@@ -66,6 +66,17 @@ TEST(CheckSupported, SettingsThatWouldChangeTrainingOrMemoryAreRefusedByName) {
             "synchronize_checkpoint_boundary"},
            {R"(, "checkpoint": {"load_universal": true})", "checkpoint.load_universal"},
            {R"(, "checkpoint": {"use_node_local_storage": true})", "use_node_local_storage"},
+           {R"(, "checkpoint": {"writer": {"type": "mock"}})",
+            "checkpoint.writer.type MOCK is not implemented: it writes nothing"},
+           {R"(, "checkpoint": {"writer": {"type": "Python"}})",
+            "checkpoint.writer.type PYTHON is not implemented: it writes torch.save pickles"},
+           {R"(, "checkpoint": {"writer": {"data_parallel": "socket"}})",
+            "checkpoint.writer.data_parallel SOCKET"},
+           {R"(, "checkpoint": {"writer": {"io_multiplier": 2}})",
+            "checkpoint.writer.io_multiplier 2"},
+           {R"(, "checkpoint": {"writer": {"decoupled": true}}, "zero_optimization": {"stage": 2,
+               "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}})",
+            "checkpoint.writer.decoupled with offload to nvme"},
        }) {
     std::string msg = refusal(c.extra);
     EXPECT_NE(msg.find(c.needle), std::string::npos) << c.extra << "\n" << msg;
@@ -107,6 +118,18 @@ TEST(CheckSupported, ObserversAreHonouredOrAcceptedWithAWarning) {
         << msg;
     EXPECT_NE(msg.find("HINT: enable tensorboard or csv_monitor"), std::string::npos) << msg;
   }
+}
+
+// checkpoint.writer: decoupled and io_buffer_size are honoured (tests/checkpoint/
+// background_save_test.cpp); io_buffer_double given true warns that one buffer is used.
+TEST(CheckSupported, CheckpointWriterIsHonouredOrWarns) {
+  EXPECT_TRUE(check(R"(, "checkpoint": {"writer": {"type": "fast", "decoupled": true,
+      "io_buffer_size": 4194304, "show_statistics": true, "io_buffer_double": false}})")
+                  .empty());
+  auto w = check(R"(, "checkpoint": {"writer": {"decoupled": true, "io_buffer_double": true}})");
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find("checkpoint.writer.io_buffer_double is not implemented"), std::string::npos)
+      << w[0];
 }
 
 // overlap_comm false at stage 0, whose all-reduces always overlap, is said to change nothing; at
