@@ -1,70 +1,113 @@
 #!/usr/bin/env bash
-# Checkpoint save speed: how long save_checkpoint blocks and the bytes per second it writes,
-# against the disk's own sequential write bandwidth measured in the same run, alternated per
-# round (docs/checkpoint.md, "Save speed").
-#   bench/checkpoint_bench.sh [ROUNDS]
-# Each round:
-#   save   dscpp train on 2 local ranks, ZeRO stage 2, fp32 AdamW (12 bytes per parameter saved:
-#          values, exp_avg, exp_avg_sq), 3 steps with a save after each; the engine logs each
-#          save's bytes and wall time (how long save_checkpoint blocked). The first save of a
-#          process pays for fresh page-cache pages (on this VM a first touch of guest memory is
-#          slow: see docs/checkpoint.md); "steady" is the mean of saves 2 and 3.
-#   plain  the same number of bytes written by dd into DIR, two writers at once (as two ranks
+# Checkpoint save speed: how long a save stops training, synchronous and in the background
+# (checkpoint.writer.decoupled), and the bytes per second written, against the disk's own
+# sequential write bandwidth measured in the same round (docs/checkpoint.md, "Save speed").
+#   bench/checkpoint_bench.sh [ROUNDS]          MODEL=small (16 x 512, 50M), 150m or bench (6 x 384)
+#   NPROC=1 bench/checkpoint_bench.sh [ROUNDS]  one rank, so a core is left to the writing thread
+# Each round, alternating in this order:
+#   sync   dscpp train on NPROC (2) local ranks (one core each), ZeRO stage 2, fp32 AdamW (12 bytes per
+#          parameter saved: values, exp_avg, exp_avg_sq), 9 steps with a save after steps 3, 6
+#          and 9; the engine logs how long each save_checkpoint blocked. "steady" is the mean of
+#          saves 2 and 3 (the first save of a process touches fresh memory).
+#   bg     the same run with checkpoint.writer.decoupled: save_checkpoint returns at once and
+#          training pays for the write through the steps it overlaps (the writing thread shares
+#          the cores with training). The stall of a save is what the steps from the save to its
+#          publication took beyond the median step without a save in flight (from --metrics);
+#          saves 1 and 2 (the last one is waited for at the end). Its write rate is the bytes of
+#          both ranks over the slower rank's write time (show_statistics).
+#   plain  the same number of bytes written by dd into DIR, NPROC writers at once (as the ranks
 #          write), each fsynced at its end, timed from start to both done: once through the page
-#          cache in 8 MiB blocks (the best block size here), once with O_DIRECT.
+#          cache in 8 MiB blocks, once with O_DIRECT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. bench/lib.sh  # median
+. bench/lib.sh  # median, gpt_shape
 ROUNDS=${1:-3}
 MODEL=${MODEL:-small}
-if [ "$MODEL" = 150m ]; then
-  ARGS="--n_layer 12 --n_head 16 --n_embd 1024 --block_size 256 --data ../shared/data/tinyshakespeare.txt"
-else
-  ARGS="--n_layer 16 --n_head 8 --n_embd 512"
-fi
+NPROC=${NPROC:-2}
+case "$MODEL" in
+  150m | bench) gpt_shape "$MODEL"
+    ARGS="--n_layer $L --n_head $H --n_embd $C --block_size $T --data ../shared/data/tinyshakespeare.txt" ;;
+  small) ARGS="--n_layer 16 --n_head 8 --n_embd 512" ;;
+  *) echo "MODEL must be small, 150m or bench" >&2; exit 2 ;;
+esac
 DIR=${DIR:-$(mktemp -d /var/tmp/dscpp_ckpt_bench_XXXXXX)}
-CFG=$(mktemp /tmp/ckpt_bench_XXXXXX.json)
-trap 'rm -rf "$CFG" "$DIR"' EXIT
-cat >"$CFG" <<'JSON'
-{"train_batch_size": 2, "train_micro_batch_size_per_gpu": 1, "steps_per_print": 1000,
- "zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}}}
-JSON
+SYNC=$(mktemp /tmp/ckpt_bench_XXXXXX.json) BG=$(mktemp /tmp/ckpt_bench_XXXXXX.json)
+METRICS=$(mktemp /tmp/ckpt_bench_XXXXXX.jsonl) LOG=$(mktemp /tmp/ckpt_bench_XXXXXX.log)
+trap 'rm -rf "$SYNC" "$BG" "$METRICS" "$LOG" "$DIR"' EXIT
+common='"train_batch_size": '$NPROC', "train_micro_batch_size_per_gpu": 1, "steps_per_print": 1000,
+ "zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}}'
+echo "{$common}" >"$SYNC"
+echo "{$common, \"checkpoint\": {\"writer\": {\"decoupled\": true, \"show_statistics\": true}}}" >"$BG"
 export OMP_NUM_THREADS=1
 port=$((21000 + RANDOM % 9000))
-
-printf "%-6s %8s %11s %11s %12s %12s %8s %8s\n" round MiB "first s" "steady s" "steady MiB/s" "plain MiB/s" "direct" "ratio"
-ratios=() directs=() steadies=() firsts=()
-for round in $(seq 1 "$ROUNDS"); do
-  rm -rf "${DIR:?}"/*
+train() {  # train CONFIG: a 9-step run saving every 3 steps; its log on stdout
   port=$((port + 1))
-  out=$(build/dscpp launch --num_procs 2 --master_port $port build/dscpp train --config "$CFG" \
-    $ARGS --steps 3 --save_interval 1 --eval_problems 10 --save_dir "$DIR/ckpt" 2>&1)
+  rm -rf "${DIR:?}"/*
+  build/dscpp launch --num_procs $NPROC --master_port $port build/dscpp train --config "$1" $ARGS \
+    --steps 9 --save_interval 3 --eval_problems 10 --save_dir "$DIR/ckpt" --metrics "$METRICS" 2>&1
+}
+
+printf "%-6s %8s %9s %9s %9s %7s %9s %9s %9s %7s\n" round MiB "sync 1st" "sync s" "bg stall" \
+  "ratio" "bg MiB/s" "dd MiB/s" "direct" "bg/dd"
+stalls=() syncs=() ratios=() bgrates=() ddrates=() directs=()
+for round in $(seq 1 "$ROUNDS"); do
+  out=$(train "$SYNC")
   lines=$(grep -o "saved checkpoint .* MiB in [0-9.]* s" <<<"$out" || true)
   [ "$(wc -l <<<"$lines")" = 3 ] || { echo "expected 3 saves:"; echo "$out" | tail -20; exit 1; }
   mib=$(head -1 <<<"$lines" | sed -E 's/.* ([0-9.]+) MiB in ([0-9.]+) s/\1/')
   secs=($(sed -E 's/.* ([0-9.]+) MiB in ([0-9.]+) s/\2/' <<<"$lines"))
   steady=$(awk -v a="${secs[1]}" -v b="${secs[2]}" 'BEGIN {printf "%.3f", (a + b) / 2}')
-  rm -rf "$DIR/ckpt"
+
+  out=$(train "$BG")
+  # The stall of the saves after steps 3 and 6: the steps from the save to its publication over
+  # the median step with no save in flight; the write rate: both ranks' bytes over the slower
+  # rank's write time, the mean of the two saves.
+  echo "$out" >"$LOG"
+  read -r stall bgrate < <(python3 - "$METRICS" "$LOG" "$NPROC" <<'PY'
+import json, re, statistics, sys
+log = open(sys.argv[2]).read()
+pubs = [int(p) for p in re.findall(r"published checkpoint \S+ at optimizer step (\d+)", log)]
+if len(pubs) != 3:
+    sys.exit(f"expected 3 publications, got {pubs}")
+w = {}
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    w[m["step"]] = int(sys.argv[3]) / m["samples_per_s"]  # seconds: train_batch_size NPROC
+flight = [range(4, pubs[0] + 1), range(7, pubs[1] + 1)]
+base = statistics.median(w[s] for s in range(2, 10) if not any(s in f for f in flight))
+stall = statistics.mean(sum(w[s] - base for s in f) for f in flight)
+rates = []
+for tag in ("global_step3", "global_step6"):
+    got = re.findall(tag + r": this rank wrote ([0-9.]+) MiB in ([0-9.]+) s", log)
+    rates.append(sum(float(m) for m, _ in got) / max(float(t) for _, t in got))
+print(f"{stall:.3f} {statistics.mean(rates):.0f}")
+PY
+)
+  [ -n "$bgrate" ] || { echo "$out" | tail -20; exit 1; }
+  rm -rf "${DIR:?}"/*
   sync
-  plain() {  # plain FLAG...: MiB/s of two dd writers of mib/2 each
-    local blocks t0 t1
-    blocks=$(awk -v m="$mib" 'BEGIN {print int(m / 2 / 8 + 0.5)}')
+  plain() {  # plain FLAG...: MiB/s of NPROC dd writers of mib/NPROC each
+    local blocks t0 t1 q
+    blocks=$(awk -v m="$mib" -v n="$NPROC" 'BEGIN {print int(m / n / 8 + 0.5)}')
     t0=$(date +%s.%N)
-    dd if=/dev/zero of="$DIR/plain0" bs=8M count="$blocks" conv=fsync status=none "$@" &
-    dd if=/dev/zero of="$DIR/plain1" bs=8M count="$blocks" conv=fsync status=none "$@" &
+    for q in $(seq 1 "$NPROC"); do
+      dd if=/dev/zero of="$DIR/plain$q" bs=8M count="$blocks" conv=fsync status=none "$@" &
+    done
     wait
     t1=$(date +%s.%N)
     rm -f "$DIR"/plain*
-    awk -v b="$blocks" -v a="$t0" -v z="$t1" 'BEGIN {printf "%.0f", 2 * b * 8 / (z - a)}'
+    awk -v b="$blocks" -v n="$NPROC" -v a="$t0" -v z="$t1" 'BEGIN {printf "%.0f", n * b * 8 / (z - a)}'
   }
-  plain_bw=$(plain)
+  dd_bw=$(plain)
   direct_bw=$(plain oflag=direct)
-  save_bw=$(awk -v m="$mib" -v s="$steady" 'BEGIN {printf "%.0f", m / s}')
-  ratio=$(awk -v a="$save_bw" -v b="$plain_bw" 'BEGIN {printf "%.3f", a / b}')
-  printf "%-6s %8s %11s %11s %12s %12s %8s %8s\n" "$round" "$mib" "${secs[0]}" "$steady" "$save_bw" "$plain_bw" "$direct_bw" "$ratio"
-  ratios+=("$ratio") directs+=("$(awk -v a="$save_bw" -v b="$direct_bw" 'BEGIN {printf "%.3f", a / b}')")
-  steadies+=("$steady") firsts+=("${secs[0]}")
+  ratio=$(awk -v a="$stall" -v b="$steady" 'BEGIN {printf "%.3f", a / b}')
+  printf "%-6s %8s %9s %9s %9s %7s %9s %9s %9s %7s\n" "$round" "$mib" "${secs[0]}" "$steady" \
+    "$stall" "$ratio" "$bgrate" "$dd_bw" "$direct_bw" \
+    "$(awk -v a="$bgrate" -v b="$dd_bw" 'BEGIN {printf "%.2f", a / b}')"
+  stalls+=("$stall") syncs+=("$steady") ratios+=("$ratio") bgrates+=("$bgrate")
+  ddrates+=("$dd_bw") directs+=("$direct_bw")
 done
-echo "medians: first save $(median "${firsts[@]}") s, steady save $(median "${steadies[@]}") s;" \
-  "steady save / plain buffered write $(median "${ratios[@]}")," \
-  "/ plain O_DIRECT write $(median "${directs[@]}")"
+echo "medians: synchronous save $(median "${syncs[@]}") s; background save's stall" \
+  "$(median "${stalls[@]}") s ($(median "${ratios[@]}") of the synchronous save);" \
+  "background write $(median "${bgrates[@]}") MiB/s, dd $(median "${ddrates[@]}") MiB/s," \
+  "dd O_DIRECT $(median "${directs[@]}") MiB/s"

@@ -54,6 +54,13 @@ class FileSystem {
   virtual std::unique_ptr<RandomAccessFile> open_for_read(const std::string& path) = 0;
   // Creates (or truncates) a file for writing. Throws IoError.
   virtual std::unique_ptr<WritableFile> open_for_write(const std::string& path) = 0;
+  // Creates (or truncates) a file that is written once, front to back, then synced and closed
+  // (write_file_atomically's temporary file): the file system may write it around the page
+  // cache (the POSIX one uses O_DIRECT where the file system allows it). Default:
+  // open_for_write. Throws IoError.
+  virtual std::unique_ptr<WritableFile> open_for_write_once(const std::string& path) {
+    return open_for_write(path);
+  }
   // Opens a file for appending, creating it when missing; size() of a fresh
   // open_for_read tells how much was there. Throws IoError.
   virtual std::unique_ptr<WritableFile> open_for_append(const std::string& path) = 0;

@@ -73,12 +73,16 @@ FileDigest save(const std::string& path, const TensorList& tensors,
 // (elements [offset, offset + dst.numel()) into the contiguous CPU tensor dst of that dtype).
 // Offloaded optimizer state is saved this way, never held in memory whole, and so is what a
 // background save reads from the training state (src/checkpoint/live_snapshot.h).
+// Instead of fill, `visit(offset, n, put)` may hand the elements [offset, offset + n) to
+// `put` where they lie (no copy); put has consumed them when visit returns.
 struct StreamedTensor {
+  using Put = std::function<void(const void* data, size_t bytes)>;
   std::string name;
   at::Tensor tensor;
   int64_t numel = 0;
   std::function<void(int64_t offset, const at::Tensor& dst)> fill;
   at::ScalarType dtype = at::kFloat;
+  std::function<void(int64_t offset, int64_t n, const Put& put)> visit;
 };
 
 // save() of tensors some of which are streamed; at most `piece_bytes` of a streamed tensor is

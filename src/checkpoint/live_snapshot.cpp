@@ -3,8 +3,6 @@
 
 #include <ATen/ATen.h>
 
-#include <cstring>
-
 #include "dscpp/error.h"
 
 namespace dscpp::checkpoint {
@@ -17,19 +15,21 @@ safetensors::StreamedTensor LiveSnapshot::add(std::string name, const at::Tensor
     std::lock_guard<std::mutex> lock(mutex_);
     s = &sources_.emplace_back(Source{source.reshape({-1}), 0, source.numel(), 0, false});
   }
-  const at::ScalarType dtype = source.scalar_type();
-  // The writer thread's side: plain copies under the lock, no ATen work on its thread.
-  auto fill = [this, s](int64_t offset, const at::Tensor& dst) {
+  // The writer thread's side: the piece is handed to the file's writer where it lies, under the
+  // lock, so copy_unwritten() never replaces memory that is being read.
+  auto visit = [this, s, size = static_cast<int64_t>(source.element_size())](
+                   int64_t offset, int64_t n, const safetensors::StreamedTensor::Put& put) {
     std::lock_guard<std::mutex> lock(mutex_);
-    const int64_t n = dst.numel();
-    const size_t size = dst.element_size();
-    std::memcpy(dst.data_ptr(),
-                static_cast<const char*>(s->memory.data_ptr()) + (offset - s->base) * size,
-                static_cast<size_t>(n) * size);
+    put(static_cast<const char*>(s->memory.data_ptr()) + (offset - s->base) * size,
+        static_cast<size_t>(n * size));
     s->read = std::max(s->read, offset + n);
   };
-  return safetensors::StreamedTensor{std::move(name), at::Tensor(), source.numel(), std::move(fill),
-                                     dtype};
+  safetensors::StreamedTensor t;
+  t.name = std::move(name);
+  t.numel = source.numel();
+  t.dtype = source.scalar_type();
+  t.visit = std::move(visit);
+  return t;
 }
 
 int64_t LiveSnapshot::copy_unwritten() {

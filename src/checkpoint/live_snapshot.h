@@ -1,9 +1,10 @@
 // What a background save (checkpoint.writer.decoupled) reads of the training state: the writer
-// thread copies each tensor a piece at a time straight from the memory training uses, so a save
+// thread writes each tensor a piece at a time straight from the memory training uses, so a save
 // whose file is written before the next optimizer step costs neither a copy nor memory. Before
 // that step changes the memory, the training thread calls copy_unwritten(): what the writer has
 // not reached yet is copied into memory of the snapshot's own, and the writer goes on from the
-// copy. The step then waits only for that copy (and for the piece being written, at most
+// copy. The step then waits only for that copy, and for the piece being written (a piece is
+// handed to the file where it lies, so its write holds the lock; at most
 // checkpoint.writer.io_buffer_size).
 #pragma once
 

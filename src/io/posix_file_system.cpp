@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 
 #include "dscpp/error.h"
 #include "dscpp/file_system.h"
@@ -125,6 +127,97 @@ class PosixWritableFile final : public WritableFile {
   int writeback_errno_ = 0;  // the first error early write-back reported (NOTE [early writeback])
 };
 
+// NOTE [direct writes]: a file written once (write_file_atomically: checkpoints, manifests) is
+// opened with O_DIRECT where the file system allows it. Appends are copied into an aligned
+// buffer whose full pieces go to the disk by DMA, without a copy into the page cache; sync()
+// writes the last partial block padded with zeros, cuts the file to its length and fsyncs. On
+// this VM a copy into page-cache pages costs a hypervisor fault per fresh page (3.1 s of system
+// time for 868 MiB through `dd`, against 0.07 s with O_DIRECT), and that CPU time is taken from
+// training when a checkpoint is written in the background. A file system that refuses O_DIRECT
+// (tmpfs, some FUSE and network mounts) gets the buffered file of NOTE [early writeback]: the
+// same bytes, only slower.
+class DirectWritableFile final : public WritableFile {
+ public:
+  static constexpr size_t kAlign = 4096;
+  static constexpr size_t kPiece = size_t{8} << 20;
+
+  DirectWritableFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {
+    void* p = nullptr;
+    DSCPP_CHECK(::posix_memalign(&p, kAlign, kPiece) == 0, IoError,
+                "cannot allocate a write buffer for '", path_, "'");
+    buffer_.reset(static_cast<char*>(p));
+  }
+  ~DirectWritableFile() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  void append(const void* data, size_t n) override {
+    DSCPP_CHECK(fd_ >= 0 && !finished_, IoError, "append to closed file '", path_, "'");
+    const auto* p = static_cast<const char*>(data);
+    while (n > 0) {
+      const size_t take = std::min(n, kPiece - filled_);
+      std::memcpy(buffer_.get() + filled_, p, take);
+      filled_ += take;
+      p += take;
+      n -= take;
+      if (filled_ == kPiece) write_buffer(kPiece);
+    }
+  }
+  void sync() override {
+    DSCPP_CHECK(fd_ >= 0, IoError, "sync of closed file '", path_, "'");
+    finish();
+    DSCPP_CHECK(::fsync(fd_) == 0, IoError, "fsync of '", path_, "' failed: ", errno_text(errno));
+  }
+  void close() override {
+    DSCPP_CHECK(fd_ >= 0, IoError, "'", path_, "' closed twice");
+    finish();
+    int fd = fd_;
+    fd_ = -1;
+    DSCPP_CHECK(::close(fd) == 0, IoError, "closing '", path_, "' failed: ", errno_text(errno));
+  }
+  const std::string& path() const override { return path_; }
+
+ private:
+  // Writes buffer_[0, n) at the file's end; n is a multiple of kAlign.
+  void write_buffer(size_t n) {
+    size_t done = 0;
+    while (done < n) {
+      ssize_t w =
+          ::pwrite(fd_, buffer_.get() + done, n - done, static_cast<off_t>(written_ + done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w == 0) errno = ENOSPC;  // no progress: never loop forever
+      DSCPP_CHECK(w > 0, IoError, "writing ", n - done, " bytes to '", path_,
+                  "' failed: ", errno_text(errno), ". HINT: is the disk full?");
+      done += static_cast<size_t>(w);
+    }
+    written_ += n;
+    filled_ = 0;
+  }
+  // The last partial block, padded to kAlign, then the file cut to the bytes appended.
+  void finish() {
+    if (finished_) return;
+    finished_ = true;
+    const uint64_t length = written_ + filled_;
+    if (filled_ > 0) {
+      const size_t padded = (filled_ + kAlign - 1) / kAlign * kAlign;
+      std::memset(buffer_.get() + filled_, 0, padded - filled_);
+      write_buffer(padded);
+    }
+    DSCPP_CHECK(::ftruncate(fd_, static_cast<off_t>(length)) == 0, IoError, "truncating '", path_,
+                "' to ", length, " bytes failed: ", errno_text(errno));
+  }
+
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::string path_;
+  int fd_;
+  std::unique_ptr<char, Free> buffer_;
+  size_t filled_ = 0;     // bytes in buffer_ not written yet
+  uint64_t written_ = 0;  // bytes written to the file (a multiple of kAlign until finish)
+  bool finished_ = false;
+};
+
 class PosixFileSystem final : public FileSystem {
  public:
   std::unique_ptr<RandomAccessFile> open_for_read(const std::string& path) override {
@@ -147,6 +240,16 @@ class PosixFileSystem final : public FileSystem {
     int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     DSCPP_CHECK(fd >= 0, IoError, "cannot open '", path, "' for writing: ", errno_text(errno));
     return std::make_unique<PosixWritableFile>(path, fd);
+  }
+
+  std::unique_ptr<WritableFile> open_for_write_once(const std::string& path) override {
+#if defined(O_DIRECT)
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
+    if (fd >= 0) return std::make_unique<DirectWritableFile>(path, fd);
+    DSCPP_CHECK(errno == EINVAL, IoError, "cannot open '", path,
+                "' for writing: ", errno_text(errno));
+#endif
+    return open_for_write(path);  // NOTE [direct writes]: this file system refuses O_DIRECT
   }
 
   std::unique_ptr<WritableFile> open_for_append(const std::string& path) override {
@@ -239,7 +342,7 @@ void FileSystem::write_file_atomically(const std::string& path,
   }
   const std::string tmp = detail::str_cat(path, ".tmp.", ::getpid(), ".", counter++);
   try {
-    auto file = open_for_write(tmp);
+    auto file = open_for_write_once(tmp);
     produce(*file);
     file->sync();
     file->close();

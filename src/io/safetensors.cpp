@@ -165,6 +165,12 @@ FileDigest save_streamed(const std::string& path, const std::vector<StreamedTens
       }
       const int64_t size = c10::elementSize(t.dtype);
       const int64_t piece = std::max<int64_t>(1, piece_bytes / size);
+      if (t.visit) {
+        const StreamedTensor::Put consume = put;
+        for (int64_t off = 0; off < t.numel; off += piece)
+          t.visit(off, std::min(piece, t.numel - off), consume);
+        continue;
+      }
       if (!buffer.defined() || buffer.numel() < std::min(piece, t.numel) * size)
         buffer = at::empty({std::min(piece, t.numel) * size}, at::kByte);
       for (int64_t off = 0; off < t.numel; off += piece) {

@@ -34,11 +34,16 @@ using testing::TempDir;
 
 // A file system whose rank files (*.safetensors) stop at their `allow`-th append (0-based: the
 // length prefix is append 0, the header 1, then one per tensor or piece) until open() is called,
-// and whose appends to files with `fail_in` in their path throw IoError.
+// or for `slow_ms` milliseconds when that is given (a slow disk: appends of the training state
+// happen while the save holds it, so they cannot wait for training), and whose appends to files
+// with `fail_in` in their path throw IoError.
 class GateFileSystem final : public io::FileSystem {
  public:
-  explicit GateFileSystem(int allow, std::string fail_in = "")
-      : allow_(allow), fail_in_(std::move(fail_in)), inner_(io::resolve(nullptr)) {}
+  explicit GateFileSystem(int allow, std::string fail_in = "", int slow_ms = -1)
+      : allow_(allow),
+        slow_ms_(slow_ms),
+        fail_in_(std::move(fail_in)),
+        inner_(io::resolve(nullptr)) {}
   void open() {
     std::lock_guard<std::mutex> lock(mutex_);
     closed_ = false;
@@ -79,7 +84,11 @@ class GateFileSystem final : public io::FileSystem {
       if (appends_++ == fs_.allow_) {
         std::unique_lock<std::mutex> lock(fs_.mutex_);
         ++fs_.held_;
-        fs_.cv_.wait(lock, [&] { return !fs_.closed_; });
+        if (fs_.slow_ms_ >= 0) {
+          fs_.cv_.wait_for(lock, std::chrono::milliseconds(fs_.slow_ms_));
+        } else {
+          fs_.cv_.wait(lock, [&] { return !fs_.closed_; });
+        }
       }
       inner_->append(data, n);
     }
@@ -93,6 +102,7 @@ class GateFileSystem final : public io::FileSystem {
     int appends_ = 0;
   };
   const int allow_;
+  const int slow_ms_;
   const std::string fail_in_;
   io::FileSystem& inner_;
   std::mutex mutex_;
@@ -133,10 +143,10 @@ void expect_same_contents(const std::map<std::string, at::Tensor>& a,
   }
 }
 
-// The write is held before its first tensor (at the header), after its first two, or not at all,
-// while training goes on for two steps (whose updates must not reach the file); the checkpoint then
-// published equals the one a synchronous save writes at the same step, and training continued
-// exactly as without a save.
+// The write is held before its first tensor (at the header, until training went on), slowed
+// for 300 ms after its first two (a slow disk), or not at all, while training goes on for two
+// steps (whose updates must not reach the file); the checkpoint then published equals the one a
+// synchronous save writes at the same step, and training continued exactly as without a save.
 TEST(BackgroundSave, FilesHoldTheStateOfTheirStepWhateverTrainingDoesMeanwhile) {
   constexpr int kWorld = 2, K = 3;
   for (int stage : {0, 1, 2, 3}) {
@@ -163,7 +173,7 @@ TEST(BackgroundSave, FilesHoldTheStateOfTheirStepWhateverTrainingDoesMeanwhile) 
             (allow < 0 ? ", write not held" : ", write held at append " + std::to_string(allow));
         TempDir tmp;
         const std::string dir = tmp.path();
-        GateFileSystem fs(allow);
+        GateFileSystem fs(allow, "", allow == 3 ? 300 : -1);
         if (allow < 0) fs.open();
         std::vector<Record> trained(kWorld);
         on_ranks(
@@ -177,7 +187,7 @@ TEST(BackgroundSave, FilesHoldTheStateOfTheirStepWhateverTrainingDoesMeanwhile) 
               train_steps(*e, net, 0, K, first);
               EXPECT_EQ(e->save_checkpoint(dir, "ck"), dir + "/ck");
               train_steps(*e, net, K, K + 2, trained[c.rank()]);
-              if (allow >= 0) EXPECT_EQ(latest(dir), "") << how << ": published before written";
+              if (allow == 1) EXPECT_EQ(latest(dir), "") << how << ": published before written";
               c.barrier()->wait();
               if (c.rank() == 0) fs.open();
               e->wait_for_checkpoint();
@@ -274,7 +284,7 @@ TEST(BackgroundSave, AFailedWriteIsReportedByAStepAndLosesOnlyItself) {
 TEST(BackgroundSave, TheEngineEndAndALoadFinishTheSaveInFlight) {
   TempDir tmp;
   const std::string dir = tmp.path();
-  GateFileSystem fs(2);
+  GateFileSystem fs(1);
   const std::string cfg = config_json(8, 2, kOpt + stage_cfg(3) + kBackground);
   on_ranks(
       2,
