@@ -49,5 +49,25 @@ TEST(Crc32c, ExtendsAcrossSplitsAndBothPathsAgree) {
   RecordProperty("crc32c_instruction", detail::crc32c_has_instruction() ? "yes" : "no");
 }
 
+// NOTE [three streams]: buffers long enough for the three-stream path (3 x 8 KiB blocks), at
+// lengths around its block edges and offsets, split anywhere, equal the table path.
+TEST(Crc32c, ThreeStreamsAgreeWithTheTableAtEveryEdge) {
+  std::mt19937 gen(11);
+  std::vector<uint8_t> buf(200000);
+  for (auto& b : buf) b = static_cast<uint8_t>(gen());
+  const size_t block = 3 * 8192;
+  for (size_t start : {size_t{0}, size_t{5}}) {
+    for (size_t n : {block - 1, block, block + 1, block + 8, 2 * block - 3, 2 * block,
+                     5 * block + 77, buf.size() - start}) {
+      const uint8_t* p = buf.data() + start;
+      const uint32_t want = detail::crc32c_extend_portable(0, p, n);
+      EXPECT_EQ(crc32c(p, n), want) << start << " " << n;
+      for (size_t cut : {size_t{1}, n / 2, n - 9}) {
+        EXPECT_EQ(crc32c_extend(crc32c(p, cut), p + cut, n - cut), want) << start << " " << n;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dscpp
