@@ -55,13 +55,15 @@ def check_ending(res, rc, hung, t_fault, t_end, bound):
         res["why"].append("dscpp launch exited 0")
 
 
-ALL_CASES = ["kill_" + p for p in PHASES] + [
+ALL_CASES = ["kill_" + p for p in PHASES] + ["kill_save_background"] + [
     "stop", "skip", "skip_tcp", "skip_tcp_debug", "save", "save_tcp", "save_tcp_debug", "wider",
     "double", "nan_fp32", "nan_fp16", "corrupt", "disk", "eio", "nvme", "net_cut", "net_no_master", "fuzz_configs", "libfuzzer"]
 
 
 def case_title(case):
     """(the report's name of a case, its bound)."""
+    if case == "kill_save_background":
+        return "SIGKILL in a background save", "%.0f s" % KILL_BOUND_S
     if case.startswith("kill_"):
         return "SIGKILL at " + case[len("kill_"):], "%.0f s" % KILL_BOUND_S
     if case == "stop":
@@ -289,7 +291,7 @@ class Suite:
     # ----------------------------------------------------------------------------------------
     # The jobs the cases run
 
-    def train_config(self, trial_dir, stage, offload, print_every=1000):
+    def train_config(self, trial_dir, stage, offload, print_every=1000, background=False):
         cfg = {"train_batch_size": 24, "train_micro_batch_size_per_gpu": 2,
                "steps_per_print": print_every,
                "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
@@ -307,24 +309,28 @@ class Suite:
             if stage == 3:
                 cfg["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": swap,
                                                              "max_in_cpu": 0}
+        if background:  # checkpoint.writer.decoupled: the rank files are written by a thread
+            cfg["checkpoint"] = {"writer": {"decoupled": True}}
         path = os.path.join(trial_dir, "config.json")
         with open(path, "w") as f:
             json.dump(cfg, f)
         return path
 
-    def train_program(self, trial_dir, stage, offload, steps=6, resume=False, print_every=1000):
-        config = self.train_config(trial_dir, stage, offload, print_every)
+    def train_program(self, trial_dir, stage, offload, steps=6, resume=False, print_every=1000,
+                      background=False):
+        config = self.train_config(trial_dir, stage, offload, print_every, background)
         argv = [self.dscpp, "train", "--config", config, "--steps", str(steps), "--eval_problems",
                 "0", "--save_dir", os.path.join(trial_dir, "ckpt"), "--save_interval", "2"]
         return argv + (["--resume"] if resume else [])
 
-    def calibrate(self, stage, offload, world):
-        key = (stage, offload, world)
+    def calibrate(self, stage, offload, world, background=False):
+        key = (stage, offload, world, background)
         if key in self.calibration:
             return self.calibration[key]
         trial_dir = tempfile.mkdtemp(prefix="calib_", dir=self.work)
-        rc, out, _, hung = self.run(self.launch(world, self.train_program(trial_dir, stage,
-                                                                          offload),
+        rc, out, _, hung = self.run(self.launch(world, self.train_program(
+                                                    trial_dir, stage, offload,
+                                                    background=background),
                                                 self.next_port()),
                                     {"DSCPP_FAULT_INJECT": "count"})
         if rc != 0 or hung:
@@ -343,28 +349,31 @@ class Suite:
     # ----------------------------------------------------------------------------------------
     # Cases
 
-    def kill_case(self, phase, trials, action="kill"):
+    def kill_case(self, phase, trials, action="kill", background=False):
         """A rank sends itself SIGKILL at a random visit of `phase` (action "kill"), or the
         write or read it is about to do at that visit fails with EIO (action "eio", phase
-        "save" or "offload_io"; "io" alternates them)."""
+        "save" or "offload_io"; "io" alternates them). `background`: the saves are written
+        by a thread of their own (checkpoint.writer.decoupled), where the save points are."""
         results = []
         phases = ["save", "offload_io"] if phase == "io" else [phase]
         for t in range(trials):
             phase = phases[t % len(phases)]
             stages = {"all_gather": [1, 2, 3], "offload_io": [2, 3]}.get(phase, [0, 1, 2, 3])
             stage = stages[(t // len(phases)) % len(stages)]
-            offload = phase == "offload_io" or (phase == "save" and t % 4 == 3 and stage > 0)
+            offload = phase == "offload_io" or (phase == "save" and t % 4 == 3 and stage > 0 and
+                                                not background)
             world = [2, 3, 2, 4][t % 4] if not self.args.quick else 2
-            counts = self.calibrate(stage, offload, world)
+            counts = self.calibrate(stage, offload, world, background)
             ranks = [r for r in range(world) if counts[r][phase] > 0]
             rank = self.rng.choice(ranks)
             hit = self.rng.randint(1, counts[rank][phase])
-            what = "stage %d%s, %d ranks, rank %d %s at %s visit %d of %d" % (
-                stage, " + nvme offload" if offload else "", world, rank,
+            what = "stage %d%s%s, %d ranks, rank %d %s at %s visit %d of %d" % (
+                stage, " + nvme offload" if offload else "",
+                " (background save)" if background else "", world, rank,
                 "killed" if action == "kill" else "fails with EIO", phase, hit,
                 counts[rank][phase])
             results.append(self.kill_trial(phase, t, stage, offload, world, rank, hit, what,
-                                           action))
+                                           action, background))
         if action == "eio" and self.args.quick:
             # Pinned: the trial of the full run (seed 1403) where a stage-3 rank's backward failed
             # on a swap read of parameters and the mismatch that followed hid the I/O error (4
@@ -379,12 +388,14 @@ class Suite:
                                            "fails with EIO at its 33rd swap request", action))
         return results
 
-    def kill_trial(self, phase, t, stage, offload, world, rank, hit, what, action):
+    def kill_trial(self, phase, t, stage, offload, world, rank, hit, what, action,
+                   background=False):
         trial_dir = tempfile.mkdtemp(prefix="%s_%s_" % (action, phase), dir=self.work)
         port = self.next_port()
         save_dir = os.path.join(trial_dir, "ckpt")
         rc, out, t_end, hung = self.run(
-            self.launch(world, self.train_program(trial_dir, stage, offload), port),
+            self.launch(world, self.train_program(trial_dir, stage, offload,
+                                                  background=background), port),
             {"DSCPP_FAULT_INJECT": "%s:phase=%s:rank=%d:hit=%d" % (action, phase, rank, hit)})
         res = {"what": what, "ok": True, "why": [], "exit_s": None, "left": [], "lost": 0}
         m = re.search(r"dscpp fault injection: rank %d \(pid \d+\) %s at %s \(hit %d\) at "
@@ -402,7 +413,8 @@ class Suite:
             if not re.search(r"cause: rank \d+ on localhost exited with status", out):
                 res["why"].append("the launcher's report names no rank as the cause")
         # Every checkpoint announced before the kill must still be whole.
-        saved = re.findall(r"saved checkpoint (\S+) at optimizer step", out)
+        # (A background save announces a checkpoint when it publishes it.)
+        saved = re.findall(r"(?:saved|published) checkpoint (\S+) at optimizer step", out)
         tag, whole = self.checkpoint_state(save_dir)
         if saved and (tag is None or not whole or
                       int(tag.replace("global_step", "")) <
@@ -419,7 +431,8 @@ class Suite:
         partial = [f for f in glob.glob(trial_dir + "/**/*", recursive=True) if ".tmp." in f]
         if (phase == "save" or partial) and whole and not hung:
             rc2, out2, _, hung2 = self.run(
-                self.launch(world, self.train_program(trial_dir, stage, offload, resume=True),
+                self.launch(world, self.train_program(trial_dir, stage, offload, resume=True,
+                                                      background=background),
                             self.next_port()), {})
             if rc2 != 0 or hung2 or (tag is not None and "resumed from" not in out2):
                 res["why"].append("resuming from %s failed: %s" % (tag, out2[-1500:]))
@@ -948,7 +961,9 @@ class Suite:
             title, bound = case_title(case)
             # A stream per case: its trials do not depend on which cases ran before it.
             self.rng = random.Random("%d/%s" % (self.args.seed, case))
-            if case.startswith("kill_"):
+            if case == "kill_save_background":
+                results = self.kill_case("save", trials, background=True)
+            elif case.startswith("kill_"):
                 results = self.kill_case(case[len("kill_"):], trials)
             elif case == "nvme":
                 n = trials if self.args.trials or not self.args.quick else 2
