@@ -47,12 +47,15 @@ int launch_main(int argc, char** argv) {
                  "start a failed job again, whole, up to N times (local and ssh launchers; "
                  "DSCPP_RESTART_COUNT tells the ranks which start it is)")
       ->capture_default_str();
+  std::string nnodes;
+  app.add_option("--nnodes", nnodes,
+                 "MIN:MAX: with --max_restarts, a lost host is dropped and the job starts again "
+                 "on the others while at least MIN remain (ssh launcher; torchrun's spelling)");
   app.add_option("--log_level", o.log_level, "debug, info, warning or error")
       ->check(CLI::IsMember({"debug", "info", "warning", "warn", "error"}));
   // Node agent flags (see NOTE [node agent protocol] in src/launch/launcher.cpp).
   app.add_flag("--node_agent", o.node_agent)->group("");
   app.add_option("--node_rank", o.node_rank)->group("");
-  app.add_option("--nnodes", o.nnodes)->group("");
   app.add_option("--node_host", o.node_host)->group("");
   app.add_option("--rank_offset", o.rank_offset)->group("");
   app.add_option("--world_size", o.world_size)->group("");
@@ -64,6 +67,13 @@ int launch_main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
+  }
+  // --nnodes is also the node agent's host count (a plain number, NOTE [node agent protocol]).
+  if (!nnodes.empty() && o.node_agent) {
+    int unused = 0;
+    launch::parse_nnodes(nnodes, &o.nnodes, &unused);
+  } else if (!nnodes.empty()) {
+    launch::parse_nnodes(nnodes, &o.min_nodes, &o.max_nodes);
   }
   o.program = app.remaining();
   const bool after_dashes = !o.program.empty() && o.program[0] == "--";

@@ -1,23 +1,24 @@
-// Implements init_from_env() and make_gloo_communicator(): the TCPStore rendezvous with clear
-// errors (which address, which port, how long, which ranks are missing), and the choice of
-// backend and of the interface Gloo binds to.
+// Implements init_from_env() and make_gloo_communicator(): the rendezvous (rank 0's store server,
+// every rank's authenticated client; store_server.h) with clear errors (which address, which port,
+// how long, which ranks are missing), and the choice of backend and of the interface Gloo binds to.
 #include "comm/rendezvous.h"
 
+#include <ATen/Context.h>
 #include <arpa/inet.h>
+#include <fmt/format.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <ATen/Context.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <fmt/format.h>
-
 #include <cstdlib>
 #include <thread>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
-#include "comm/c10d_communicator.h"
-#include "comm/shm.h"
 #include "comm/c10d.h"
+#include "comm/c10d_communicator.h"
+#include "comm/job_secret.h"
+#include "comm/shm.h"
+#include "comm/store_client.h"
 #include "dscpp/error.h"
 #include "util/log.h"
 
@@ -47,9 +48,9 @@ void wait_for_all_ranks(c10d::Store& store, const ProcessEnv& pe, std::chrono::m
       std::string missing;
       for (int r = 0; r < pe.world_size; ++r)
         if (!store.check({keys[r]})) missing += (missing.empty() ? "" : ",") + std::to_string(r);
-      DSCPP_FAIL(CommError, "rendezvous at ", pe.master_addr, ":", pe.master_port,
-                 ": ranks ", missing, " of ", pe.world_size, " did not join within ",
-                 seconds(limit), " s (world size from ", pe.source,
+      DSCPP_FAIL(CommError, "rendezvous at ", pe.master_addr, ":", pe.master_port, ": ranks ",
+                 missing, " of ", pe.world_size, " did not join within ", seconds(limit),
+                 " s (world size from ", pe.source,
                  "). HINT: a rank failed to start or was started with a different WORLD_SIZE "
                  "or MASTER_ADDR/MASTER_PORT; look at its output");
     }
@@ -57,34 +58,43 @@ void wait_for_all_ranks(c10d::Store& store, const ProcessEnv& pe, std::chrono::m
   }
 }
 
+// Rank 0 starts the rendezvous server on MASTER_ADDR (store_server.h); every rank, rank 0
+// included, connects to it and proves the job's secret (job_secret.h).
 c10::intrusive_ptr<c10d::Store> connect_store(const ProcessEnv& pe, bool server,
                                               std::chrono::milliseconds limit) {
-  c10d::TCPStoreOptions so;
-  so.port = static_cast<uint16_t>(pe.master_port);
-  so.isServer = server;
-  so.numWorkers = c10::nullopt;
-  so.waitWorkers = false;
-  so.timeout = limit;
-  auto t0 = std::chrono::steady_clock::now();
-  try {
-    return c10::make_intrusive<c10d::TCPStore>(pe.master_addr, so);
-  } catch (const std::exception& e) {
-    std::string what = e.what();
-    what = what.substr(0, what.find('\n'));
-    if (what.size() > 1 && what.back() == '.') what.pop_back();
-    // Rank 0 listens on every address, then connects to its own server at MASTER_ADDR like the
-    // others: a failure of that connection (libtorch's "client socket") is not a busy port.
-    if (server && what.find("client socket") == std::string::npos) {
-      DSCPP_FAIL(CommError, "rank 0 could not start the rendezvous server on port ",
-                 pe.master_port, " (MASTER_ADDR=", pe.master_addr, "): ", what,
-                 ". HINT: the port is probably in use by another job; choose a free one with "
-                 "'dscpp launch --master_port N' or MASTER_PORT");
+  const std::string secret = job_secret();
+  std::shared_ptr<StoreServer> own;
+  if (server) {
+    StoreServer::Options so;
+    so.address = pe.master_addr;
+    so.port = pe.master_port;
+    so.secret = secret;
+    own = std::make_shared<StoreServer>(so);
+    if (own->listens_on_loopback_only() && pe.world_size > pe.local_world_size) {
+      // Debian's /etc/hosts maps a host's own name to 127.0.1.1, for one.
+      DSCPP_LOG_WARN(
+          "MASTER_ADDR={} is a loopback address on rank 0's host, where the rendezvous "
+          "listens, but {} of the {} ranks run on other hosts: they cannot reach it. "
+          "HINT: give 'dscpp launch --master_addr' (or MASTER_ADDR) as this host's "
+          "address on the network the hosts share",
+          pe.master_addr, pe.world_size - pe.local_world_size, pe.world_size);
     }
-    DSCPP_FAIL(CommError, "rank ", pe.rank, " could not reach the master at ", pe.master_addr, ":",
-               pe.master_port, server ? " (its own rendezvous server)" : "", " after trying for ",
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-               " s: ", what, ". ", connect_hint(pe));
+    if (secret.empty()) {
+      DSCPP_LOG_INFO(
+          "rendezvous at {}:{} admits any process that connects: no job secret ({} "
+          "or {}). HINT: 'dscpp launch' makes one for every job",
+          pe.master_addr, pe.master_port, kSecretEnv, kSecretFileEnv);
+    }
   }
+  StoreClient::Options co;
+  co.host = pe.master_addr;
+  co.port = pe.master_port;
+  co.secret = secret;
+  co.connect_timeout = limit;
+  co.rank = pe.rank;
+  auto store = c10::make_intrusive<StoreClient>(co, std::move(own));
+  store->setTimeout(limit);
+  return store;
 }
 
 std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& local_address) {
@@ -107,12 +117,14 @@ std::unique_ptr<ShmGroup> make_shm_group(c10d::Store& store, const std::string& 
               "; it must be between 1 byte and 1 TiB");
   if (world_size == 1) return nullptr;
   ShmGroup::Setup setup;
-  auto group = ShmGroup::create(store, prefix, rank, world_size, options.shm == "off",
-                                options.shm_slot_bytes, options.rendezvous_timeout,
-                                options.timeout, &setup);
+  auto group =
+      ShmGroup::create(store, prefix, rank, world_size, options.shm == "off",
+                       options.shm_slot_bytes, options.rendezvous_timeout, options.timeout, &setup);
   if (group) {
-    DSCPP_LOG_DEBUG("collectives on CPU tensors use shared memory ({} ranks on one host, {:.1f} "
-                    "MiB segment)", world_size, group->segment_bytes() / 1048576.0);
+    DSCPP_LOG_DEBUG(
+        "collectives on CPU tensors use shared memory ({} ranks on one host, {:.1f} "
+        "MiB segment)",
+        world_size, group->segment_bytes() / 1048576.0);
     return group;
   }
   DSCPP_CHECK(options.shm != "on" || setup.result == ShmGroup::Setup::kOff, CommError,
@@ -123,9 +135,11 @@ std::unique_ptr<ShmGroup> make_shm_group(c10d::Store& store, const std::string& 
                   : "check that /dev/shm is mounted and has room, or set DSCPP_COMM_SHM=auto to "
                     "fall back to Gloo's TCP transport");
   if (setup.result == ShmGroup::Setup::kFailed && rank == 0) {
-    DSCPP_LOG_WARN("shared-memory collectives unavailable ({}); collectives use Gloo over TCP, "
-                   "which is slower between ranks on one host. HINT: give /dev/shm room, or set "
-                   "DSCPP_COMM_SHM=off to silence this", setup.why);
+    DSCPP_LOG_WARN(
+        "shared-memory collectives unavailable ({}); collectives use Gloo over TCP, "
+        "which is slower between ranks on one host. HINT: give /dev/shm room, or set "
+        "DSCPP_COMM_SHM=off to silence this",
+        setup.why);
   } else {
     DSCPP_LOG_DEBUG("collectives use Gloo over TCP: {}", setup.why);
   }
@@ -157,12 +171,10 @@ std::string local_address_towards(const std::string& remote) {
   return buf;
 }
 
-std::shared_ptr<Communicator> make_gloo_communicator(c10::intrusive_ptr<c10d::Store> store,
-                                                     int rank, int world_size,
-                                                     const CommOptions& options,
-                                                     const std::string& prefix,
-                                                     const std::string& local_address,
-                                                     c10::intrusive_ptr<c10d::Store> monitor_store) {
+std::shared_ptr<Communicator> make_gloo_communicator(
+    c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, const CommOptions& options,
+    const std::string& prefix, const std::string& local_address,
+    c10::intrusive_ptr<c10d::Store> monitor_store) {
   auto pg_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
   pg_options->devices.push_back(gloo_device(local_address));
   pg_options->threads = 1;
@@ -176,9 +188,9 @@ std::shared_ptr<Communicator> make_gloo_communicator(c10::intrusive_ptr<c10d::St
                " ranks could not connect: ", what.substr(0, what.find('\n')),
                ". HINT: set GLOO_SOCKET_IFNAME to the interface the nodes share");
   }
-  return std::make_shared<C10dCommunicator>(backend, "gloo", monitor_store ? monitor_store : store,
-                                            prefix, rank, world_size, options,
-                                            make_shm_group(*store, prefix, rank, world_size, options));
+  return std::make_shared<C10dCommunicator>(
+      backend, "gloo", monitor_store ? monitor_store : store, prefix, rank, world_size, options,
+      make_shm_group(*store, prefix, rank, world_size, options));
 }
 
 std::shared_ptr<Communicator> init_from_env(const CommOptions& options) {
@@ -202,13 +214,12 @@ std::shared_ptr<Communicator> init_from_env(const CommOptions& options) {
     DSCPP_LOG_DEBUG("single process ({}): no rendezvous", pe.source);
     return make_gloo_communicator(c10::make_intrusive<c10d::HashStore>(), 0, 1, options);
   }
-  DSCPP_LOG_DEBUG("rendezvous: rank {} of {} ({}), master {}:{}", pe.rank, pe.world_size,
-                  pe.source, pe.master_addr, pe.master_port);
+  DSCPP_LOG_DEBUG("rendezvous: rank {} of {} ({}), master {}:{}", pe.rank, pe.world_size, pe.source,
+                  pe.master_addr, pe.master_port);
   auto store = connect_store(pe, pe.rank == 0, options.rendezvous_timeout);
   wait_for_all_ranks(*store, pe, options.rendezvous_timeout);
-  // The sync monitor's thread gets its own connection: a TCPStore client is not meant to be
-  // shared between a blocked call and another thread.
-  auto monitor_store = connect_store(pe, false, options.rendezvous_timeout);
+  // The sync monitor's thread gets its own connection: a blocked call holds a client's one.
+  auto monitor_store = store->clone();
   if (backend == "gloo") {
     return make_gloo_communicator(store, pe.rank, pe.world_size, options, "dscpp",
                                   local_address_towards(pe.master_addr), monitor_store);
@@ -217,8 +228,8 @@ std::shared_ptr<Communicator> init_from_env(const CommOptions& options) {
   auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
   nccl_options->timeout = options.timeout;
   auto pg_store = c10::make_intrusive<c10d::PrefixStore>("dscpp/pg", store);
-  auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(pg_store, pe.rank, pe.world_size,
-                                                        nccl_options);
+  auto pg =
+      c10::make_intrusive<c10d::ProcessGroupNCCL>(pg_store, pe.rank, pe.world_size, nccl_options);
   return std::make_shared<C10dCommunicator>(pg, "nccl", monitor_store, "dscpp", pe.rank,
                                             pe.world_size, options);
 #else

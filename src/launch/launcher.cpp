@@ -10,8 +10,9 @@
 // [--slots ..] [--enable_each_rank_log DIR] [--bind_cores_to_rank] --log_level L -- PROGRAM
 // ARGS` (words encoded per NOTE [remote words]). The agent runs its S ranks with the same
 // local machinery as a single-node job, prefixes their lines with "[rank N] " itself, and:
-//  - its stdin is its lifeline: EOF (the main launcher died or closed the pipe) stops its
-//    ranks at once;
+//  - its stdin carries one line first, the job's rendezvous secret (comm/job_secret.h), which
+//    it puts in its ranks' environment; after that stdin is its lifeline: EOF (the main
+//    launcher died or closed the pipe) stops its ranks at once;
 //  - on the first failing rank it prints one NOTE [agent failure line] on stderr right away,
 //    then stops its other ranks and exits with the failed rank's status;
 //  - SIGTERM/SIGINT stop its ranks like they stop a launcher.
@@ -26,11 +27,26 @@
 // DSCPP_RESTART_COUNT to its number (0 first) in every rank's environment (carried to the hosts
 // with the other DSCPP_ variables). The program resumes itself: `dscpp train --save_dir D
 // --resume` loads D/latest and says how many steps were trained again.
+//
+// NOTE [elastic hosts]: with --nnodes MIN:MAX (ssh launcher) a restart may leave hosts out.
+// After a failure, a host is lost when its node agent ended by a signal (an agent stopped by
+// the launcher exits with a status; a signal means something else killed it, or it hung past
+// the grace) or with ssh's 255 (unreachable), or when a probe of it (the remote-command
+// template running `true`, all hosts at once, 15 s at most) fails. Lost hosts are dropped for
+// the rest of the job (a host that lost its agent is suspect; bringing it back is a new job),
+// the others are renumbered in hostfile order, and the job starts again on them at the world
+// size they give, while at least MIN remain. Rank 0 runs on the first remaining host; its
+// name becomes the master address unless --master_addr was given (then losing the first host
+// ends the job: the given address belongs to it). A rank failure on a healthy host drops
+// nothing. The program re-resolves its batch for the new world size (dscpp train: the
+// config's `elasticity` section keeps train_batch_size) and resumes from its last checkpoint.
 #include "launch/launcher.h"
 
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -38,8 +54,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <sstream>
+#include <thread>
 
+#include "comm/job_secret.h"
 #include "dscpp/error.h"
 #include "util/log.h"
 
@@ -184,7 +203,8 @@ std::vector<std::string> forwarded_env() {
   for (char** e = environ; e && *e; ++e) {
     std::string kv = *e;
     std::string name = kv.substr(0, kv.find('='));
-    if (name == "DSCPP_LAUNCHER") continue;
+    // The launcher sets these itself; the secret never goes on a command line.
+    if (name == "DSCPP_LAUNCHER" || name == comm::kSecretEnv) continue;
     for (std::string f : kForwardedEnv) {
       if (f.back() == '_' ? starts_with(name, f) : name == f) {
         out.push_back(kv);
@@ -227,10 +247,11 @@ std::string log_level_name(LogLevel l) {
 
 // Runs this node's ranks: `host` gives the slots and the first global rank. Used by a
 // single-node job (agent = false: prints the failure report) and by a node agent (agent =
-// true: prints the agent failure line, watches its stdin).
+// true: prints the agent failure line, watches its stdin). `secret`: the job's rendezvous secret,
+// put in each rank's environment only.
 int run_ranks(const LaunchOptions& opts, const HostSlots& host, int world_size,
               const std::string& master_addr, const std::string& program_path, bool agent,
-              int* stopped_by_signal = nullptr) {
+              const std::string& secret, int* stopped_by_signal = nullptr) {
   const int procs = host.num_procs();
   const std::vector<int> cpus = usable_cpus();
   std::map<std::string, std::string> common = {
@@ -239,6 +260,7 @@ int run_ranks(const LaunchOptions& opts, const HostSlots& host, int world_size,
       {"MASTER_ADDR", master_addr},
       {"MASTER_PORT", std::to_string(opts.master_port)},
       {"DSCPP_LAUNCHER", "1"},
+      {comm::kSecretEnv, secret},
   };
   if (!opts.bind_cores_to_rank && !std::getenv("OMP_NUM_THREADS")) {
     int threads = std::max(1, static_cast<int>(cpus.size()) / procs);
@@ -303,20 +325,27 @@ int run_ranks(const LaunchOptions& opts, const HostSlots& host, int world_size,
 }
 
 // A multi-node job over ssh (or any remote-command template): one node agent per host.
+// The remote-command template of an ssh job (--remote_cmd, or ssh with --launcher_args).
+std::string remote_template(const LaunchOptions& opts) {
+  if (!opts.remote_cmd.empty()) return opts.remote_cmd;
+  if (!opts.launcher_args.empty()) {
+    return "ssh -o BatchMode=yes " + opts.launcher_args + " {host} {command}";
+  }
+  return kDefaultRemoteCmd;
+}
+
+// Each agent reads the job's secret from the first line of its stdin (NOTE [node agent
+// protocol]), so it never shows on a command line on either host. `lost` (when given) gets one
+// entry per host after a failure: why the host counts as lost (NOTE [elastic hosts]), or "".
 int run_agents(const LaunchOptions& opts, const std::vector<HostSlots>& hosts,
-               const std::string& master_addr, int* stopped_by_signal) {
+               const std::string& master_addr, const std::string& secret, int* stopped_by_signal,
+               std::vector<std::string>* lost = nullptr) {
   std::string dscpp_path = opts.remote_dscpp.empty() ? self_exe() : opts.remote_dscpp;
   DSCPP_CHECK(is_safe_word(dscpp_path) && !starts_with(dscpp_path, kEncodedPrefix), LaunchError,
               "the path of dscpp on the hosts, '", dscpp_path,
               "', has characters that cannot pass through a remote shell. HINT: install dscpp "
               "under a plain path and give it with --remote_dscpp");
-  std::string tmpl = opts.remote_cmd;
-  if (tmpl.empty()) {
-    tmpl = kDefaultRemoteCmd;
-    if (!opts.launcher_args.empty()) {
-      tmpl = "ssh -o BatchMode=yes " + opts.launcher_args + " {host} {command}";
-    }
-  }
+  const std::string tmpl = remote_template(opts);
   int world = 0;
   for (const auto& h : hosts) world += h.num_procs();
   LaunchOptions agent_opts = opts;
@@ -342,6 +371,7 @@ int run_agents(const LaunchOptions& opts, const std::vector<HostSlots>& hosts,
     spec.env = child_env({});
     spec.name = "node agent for " + hosts[k].host + " (" + ranks_text(hosts[k]) + ")";
     spec.lifeline_stdin = true;
+    spec.stdin_first_line = secret;
     spec.agent_lines = true;
     spec.parent_death_signal = SIGTERM;
     group.start(spec);
@@ -366,11 +396,111 @@ int run_agents(const LaunchOptions& opts, const std::vector<HostSlots>& hosts,
   } else {
     DSCPP_LOG_INFO("all {} ranks on {} hosts exited with status 0", world, hosts.size());
   }
+  if (lost) {
+    lost->assign(hosts.size(), "");
+    for (size_t k = 0; outcome.exit_code != 0 && outcome.signal == 0 && k < hosts.size(); ++k) {
+      const ExitStatus& st = outcome.children.at(k).status;
+      if (!st.exited) {
+        (*lost)[k] = "its node agent was " + st.describe();
+      } else if (st.code == 255) {
+        (*lost)[k] = "its node agent could not reach it (ssh's status 255)";
+      }
+    }
+  }
   return outcome.exit_code;
 }
 
-// The job is handed to mpirun or srun, run as one child whose output is forwarded as is.
-int run_wrapped(const LaunchOptions& opts, const std::vector<std::string>& cmd) {
+// Runs `true` on every host through the remote-command template, all at once; returns, per
+// host, "" or why the probe failed. Hosts whose entry in `skip` is non-empty are not probed.
+std::vector<std::string> probe_hosts(const std::string& tmpl, const std::vector<HostSlots>& hosts,
+                                     const std::vector<std::string>& skip) {
+  constexpr auto kProbeLimit = std::chrono::seconds(15);
+  std::vector<std::string> why(hosts.size());
+  std::vector<pid_t> pids(hosts.size(), -1);
+  for (size_t k = 0; k < hosts.size(); ++k) {
+    if (!skip[k].empty()) continue;
+    const std::string cmd =
+        "exec " + expand_remote_cmd(tmpl, hosts[k].host, {"true"}) + " </dev/null >/dev/null 2>&1";
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    if (pid < 0) {
+      why[k] = std::string("cannot start a probe: ") + std::strerror(errno);
+      continue;
+    }
+    pids[k] = pid;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + kProbeLimit;
+  for (size_t k = 0; k < hosts.size(); ++k) {
+    if (pids[k] < 0) continue;
+    const std::string probe = "`" + expand_remote_cmd(tmpl, hosts[k].host, {"true"}) + "`";
+    for (;;) {
+      int st = 0;
+      pid_t r = ::waitpid(pids[k], &st, WNOHANG);
+      if (r == pids[k]) {
+        ExitStatus es = ExitStatus::from_wait_status(st);
+        if (!es.ok()) why[k] = "a probe of it, " + probe + ", " + es.describe();
+        break;
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        ::kill(-pids[k], SIGKILL);
+        ::waitpid(pids[k], &st, 0);
+        why[k] = "a probe of it, " + probe + ", did not answer within " +
+                 std::to_string(kProbeLimit.count()) + " s";
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  return why;
+}
+
+// NOTE [elastic hosts]: the hosts of the next start after a failure, or none when the job
+// cannot go on (the reason is logged).
+std::optional<std::vector<HostSlots>> hosts_after_failure(const LaunchOptions& opts,
+                                                          const std::vector<HostSlots>& live,
+                                                          const std::vector<std::string>& lost) {
+  std::vector<std::string> why = probe_hosts(remote_template(opts), live, lost);
+  std::vector<size_t> gone;
+  for (size_t k = 0; k < live.size(); ++k) {
+    if (lost[k].empty() && why[k].empty()) continue;
+    gone.push_back(k);
+    DSCPP_LOG_WARN("host {} ({}) is lost: {}", live[k].host, ranks_text(live[k]),
+                   lost[k].empty() ? why[k] : lost[k]);
+  }
+  if (gone.empty()) return live;
+  std::vector<HostSlots> next = drop_hosts(live, gone);
+  if (static_cast<int>(next.size()) < opts.min_nodes) {
+    DSCPP_LOG_ERROR(
+        "{} of {} hosts lost; the {} left are fewer than --nnodes {}:{} allows; "
+        "giving up",
+        gone.size(), live.size(), next.size(), opts.min_nodes, opts.max_nodes);
+    return std::nullopt;
+  }
+  if (gone.front() == 0 && !opts.master_addr.empty()) {
+    DSCPP_LOG_ERROR(
+        "the first host, {}, where rank 0 and the master address {} were, is lost; "
+        "giving up. HINT: leave --master_addr out, so that the first remaining host "
+        "becomes the master",
+        live[0].host, opts.master_addr);
+    return std::nullopt;
+  }
+  int world = 0;
+  for (const auto& h : next) world += h.num_procs();
+  DSCPP_LOG_WARN("the job goes on without {}: {} host(s) left ({}), world size {}",
+                 gone.size() == 1 ? live[gone[0]].host : std::to_string(gone.size()) + " hosts",
+                 next.size(), describe_hosts(next), world);
+  return next;
+}
+
+// The job is handed to mpirun or srun, run as one child whose output is forwarded as is. The
+// secret is in that child's environment, which both pass on to the ranks (mpirun by the name
+// `-x DSCPP_RENDEZVOUS_SECRET`, srun with --export=ALL).
+int run_wrapped(const LaunchOptions& opts, const std::vector<std::string>& cmd,
+                const std::string& secret) {
   const std::string path = resolve_program(cmd[0], getenv_or_empty("PATH"));
   DSCPP_LOG_INFO("running: {}", quoted_command(cmd));
   ChildGroupOptions group_opts;
@@ -379,12 +509,41 @@ int run_wrapped(const LaunchOptions& opts, const std::vector<std::string>& cmd) 
   ChildSpec spec;
   spec.path = path;
   spec.argv = cmd;
-  spec.env = child_env({});
+  spec.env = child_env({{comm::kSecretEnv, secret}});
   spec.name = cmd[0];
   group.start(spec);
   RunOutcome outcome = group.run();
   if (outcome.exit_code != 0) write_all(2, failure_report(outcome));
   return outcome.exit_code;
+}
+
+// A node agent's first line of stdin: the job's secret, written by the main launcher when it
+// started the agent (NOTE [node agent protocol]). Read a byte at a time, so nothing after it is
+// taken from the lifeline.
+std::string read_secret_line() {
+  constexpr int kWaitMs = 60000;
+  std::string line;
+  for (;;) {
+    pollfd p{0, POLLIN, 0};
+    int rc = ::poll(&p, 1, kWaitMs);
+    if (rc < 0 && errno == EINTR) continue;
+    DSCPP_CHECK(rc > 0, LaunchError, "node agent: the job's secret did not arrive on stdin within ",
+                kWaitMs / 1000,
+                " s. HINT: node agents are started by 'dscpp launch', which writes "
+                "it there; do not start one by hand");
+    char c;
+    ssize_t n = ::read(0, &c, 1);
+    if (n < 0 && errno == EINTR) continue;
+    DSCPP_CHECK(n == 1, LaunchError,
+                "node agent: stdin closed before the job's secret arrived "
+                "(the main launcher is gone)");
+    if (c == '\n') break;
+    line.push_back(c);
+    DSCPP_CHECK(line.size() <= 4096, LaunchError,
+                "node agent: the first line of stdin is not a secret");
+  }
+  comm::check_secret(line, "the node agent's stdin");
+  return line;
 }
 
 int run_node_agent(const LaunchOptions& given) {
@@ -423,8 +582,9 @@ int run_node_agent(const LaunchOptions& given) {
                   opts.slots, "' does not list ", opts.num_procs, " slots");
     }
     const std::string path = resolve_program(opts.program[0], getenv_or_empty("PATH"));
+    const std::string secret = read_secret_line();
     DSCPP_LOG_INFO("node agent {} of {} on {}", opts.node_rank, opts.nnodes, host);
-    return run_ranks(opts, hs, opts.world_size, opts.master_addr, path, /*agent=*/true);
+    return run_ranks(opts, hs, opts.world_size, opts.master_addr, path, /*agent=*/true, secret);
   } catch (const Error& e) {
     Failure f{"node agent on " + host, e.what(), 2, {}};
     write_all(2, format_agent_failure(f) + "\n");
@@ -436,6 +596,34 @@ int run_node_agent(const LaunchOptions& given) {
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
+void parse_nnodes(const std::string& text, int* min_nodes, int* max_nodes) {
+  auto number = [&](const std::string& part) {
+    DSCPP_CHECK(!part.empty() && part.size() < 7 &&
+                    part.find_first_not_of("0123456789") == std::string::npos,
+                LaunchError, "--nnodes '", text,
+                "' is not N or MIN:MAX. HINT: e.g. --nnodes 2:4 (at least 2 hosts, at most 4)");
+    return std::stoi(part);
+  };
+  const size_t colon = text.find(':');
+  *min_nodes = number(text.substr(0, colon));
+  *max_nodes = colon == std::string::npos ? *min_nodes : number(text.substr(colon + 1));
+  DSCPP_CHECK(*min_nodes >= 1 && *min_nodes <= *max_nodes, LaunchError, "--nnodes '", text,
+              "' needs 1 <= MIN <= MAX");
+}
+
+std::vector<HostSlots> drop_hosts(const std::vector<HostSlots>& hosts,
+                                  const std::vector<size_t>& lost) {
+  std::vector<HostSlots> out;
+  int first_rank = 0;
+  for (size_t k = 0; k < hosts.size(); ++k) {
+    if (std::find(lost.begin(), lost.end(), k) != lost.end()) continue;
+    out.push_back(hosts[k]);
+    out.back().first_rank = first_rank;
+    first_rank += hosts[k].num_procs();
+  }
+  return out;
+}
+
 std::vector<HostSlots> resolve_hosts(const LaunchOptions& opts) {
   if (opts.hostfile.empty() && opts.launcher == "slurm") {
     // Slurm picks the nodes of its allocation; only the counts are ours (see slurm_command).
@@ -536,8 +724,9 @@ std::vector<std::string> openmpi_command(const LaunchOptions& opts,
   if (facts.is_root) cmd.push_back("--allow-run-as-root");
   if (local_procs > facts.local_cores) cmd.push_back("--oversubscribe");
   const std::string master = resolve_master_addr(opts, hosts);
-  for (std::string x :
-       {"MASTER_ADDR=" + master, "MASTER_PORT=" + std::to_string(opts.master_port)}) {
+  // The secret by name only: mpirun copies its value from its own environment (run_wrapped).
+  for (std::string x : {"MASTER_ADDR=" + master, "MASTER_PORT=" + std::to_string(opts.master_port),
+                        std::string(comm::kSecretEnv)}) {
     cmd.push_back("-x");
     cmd.push_back(x);
   }
@@ -823,24 +1012,51 @@ int run_job(const LaunchOptions& opts) {
       for (int i = 0; i < h.num_procs(); ++i) identity &= h.slots[i] == i;
     }
     if (!identity) DSCPP_LOG_WARN("--launcher openmpi uses only the number of selected slots");
-    return run_wrapped(opts, openmpi_command(opts, hosts, host_facts()));
+    return run_wrapped(opts, openmpi_command(opts, hosts, host_facts()), comm::make_job_secret());
   }
-  if (kind == "slurm") return run_wrapped(opts, slurm_command(opts, hosts));
-  // The job, started again after a failure up to --max_restarts times (NOTE [restarts]).
+  if (kind == "slurm")
+    return run_wrapped(opts, slurm_command(opts, hosts), comm::make_job_secret());
+  if (opts.min_nodes != -1) {
+    DSCPP_CHECK(kind == "ssh", LaunchError,
+                "--nnodes applies to --launcher ssh, but the launcher "
+                "is ",
+                kind, ". HINT: give a hostfile of several hosts, or drop --nnodes");
+    const int n = static_cast<int>(hosts.size());
+    DSCPP_CHECK(n >= opts.min_nodes && n <= opts.max_nodes, LaunchError, "--nnodes ",
+                opts.min_nodes, ":", opts.max_nodes, " but the job has ", n,
+                " host(s) (hostfile, --include/--exclude, --num_nodes). HINT: list between ",
+                opts.min_nodes, " and ", opts.max_nodes, " hosts");
+    DSCPP_CHECK(opts.max_restarts > 0 || opts.min_nodes == n, LaunchError, "--nnodes ",
+                opts.min_nodes, ":", opts.max_nodes,
+                " lets a job go on without a lost host only when it starts again. HINT: add "
+                "--max_restarts N");
+  }
+  // The job, started again after a failure up to --max_restarts times (NOTE [restarts]), on
+  // fewer hosts where --nnodes allows (NOTE [elastic hosts]).
+  std::vector<HostSlots> live = hosts;
+  std::string master = master_addr;
   for (int restart = 0;; ++restart) {
     ::setenv("DSCPP_RESTART_COUNT", std::to_string(restart).c_str(), 1);
+    // A new secret for every start: a rank left over from the last one cannot join this one.
+    const std::string secret = comm::make_job_secret();
     int signal = 0;
-    const int code =
-        kind == "ssh"
-            ? run_agents(opts, hosts, master_addr, &signal)
-            : run_ranks(opts, hosts[0], hosts[0].num_procs(), master_addr, program_path,
-                        /*agent=*/false, &signal);
+    std::vector<std::string> lost;
+    const int code = kind == "ssh"
+                         ? run_agents(opts, live, master, secret, &signal, &lost)
+                         : run_ranks(opts, live[0], live[0].num_procs(), master, program_path,
+                                     /*agent=*/false, secret, &signal);
     if (code == 0 || signal != 0 || restart >= opts.max_restarts) {
       if (code != 0 && signal == 0 && opts.max_restarts > 0) {
         DSCPP_LOG_ERROR("the job failed again after {} restart(s) (--max_restarts {}); giving up",
                         restart, opts.max_restarts);
       }
       return code;
+    }
+    if (opts.min_nodes != -1) {
+      std::optional<std::vector<HostSlots>> next = hosts_after_failure(opts, live, lost);
+      if (!next) return code;
+      live = std::move(*next);
+      master = resolve_master_addr(opts, live);
     }
     DSCPP_LOG_WARN(
         "the job failed (exit status {}); starting it again: restart {} of {} "

@@ -65,6 +65,13 @@ struct LaunchOptions {
   // for every rank; a program that resumes from its last checkpoint (dscpp train --resume)
   // loses only the steps since it. A job stopped by a signal to the launcher is not restarted.
   int max_restarts = 0;
+  // --nnodes MIN:MAX (torchrun's spelling; N alone means N:N), ssh launcher: the job may go on
+  // with as few as MIN hosts. With --max_restarts, a host lost in a failure (its node agent
+  // killed or unreachable, or a probe of it that fails) is dropped, and the job starts again
+  // on the hosts that remain, at the world size they give (NOTE [elastic hosts]). -1: not
+  // given (the hosts never change). The hosts the job starts with must number MIN..MAX.
+  int min_nodes = -1;
+  int max_nodes = -1;
 
   // Node agent (hidden flags, set by the main launcher for each host of an ssh job): runs
   // `num_procs` ranks starting at global rank `rank_offset` and reports to the launcher
@@ -87,6 +94,14 @@ struct LaunchOptions {
 // these prefixes (those ending in '_').
 inline constexpr const char* kForwardedEnv[] = {"NCCL_", "GLOO_", "TORCH_", "DSCPP_",
                                                 "OMP_NUM_THREADS"};
+
+// Parses --nnodes: "N" or "MIN:MAX" with 1 <= MIN <= MAX. Throws LaunchError otherwise.
+void parse_nnodes(const std::string& text, int* min_nodes, int* max_nodes);
+
+// The hosts left when those at `lost` (indices) are dropped, with their first global ranks
+// renumbered in hostfile order.
+std::vector<HostSlots> drop_hosts(const std::vector<HostSlots>& hosts,
+                                  const std::vector<size_t>& lost);
 
 // The hosts the job runs on, with the slots used on each and the first global rank of each.
 // Without a hostfile: this machine ("localhost") with num_procs slots (1 if -1), except with

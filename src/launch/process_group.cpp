@@ -32,7 +32,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr size_t kMaxLine = 64 * 1024;  // a longer line without '\n' is forwarded in pieces
+constexpr size_t kMaxLine = 64 * 1024;       // a longer line without '\n' is forwarded in pieces
 constexpr size_t kErrorScanBytes = 4 << 20;  // how far back a rank's log is searched for errors
 constexpr auto kDrainAfterLastExit = std::chrono::milliseconds(500);
 constexpr auto kWaitAfterKill = std::chrono::seconds(5);
@@ -467,6 +467,12 @@ size_t ChildGroup::start(const ChildSpec& spec) {
   c->out.fd = out_pipe[0];
   c->err.fd = err_pipe[0];
   c->lifeline = in_pipe[1];
+  if (c->lifeline >= 0 && !spec.stdin_first_line.empty()) {
+    // Far below the pipe's buffer, so it cannot block; a child that is already gone is
+    // reported by run() like any other.
+    const std::string line = spec.stdin_first_line + "\n";
+    (void)!::write(c->lifeline, line.data(), line.size());
+  }
   for (int fd : {c->out.fd, c->err.fd}) {
     if (fd >= 0) set_nonblocking(fd);
   }
@@ -552,8 +558,8 @@ void ChildGroup::reap(Child& c, int wait_status) {
     remove_shm_segments(c.pid);
   }
   if (!c.status.ok() && !stopping_) {
-    set_cause(Failure{c.spec.name, c.status.describe(), c.status.launcher_code(),
-                      last_lines_of(c), error_lines_of(c)},
+    set_cause(Failure{c.spec.name, c.status.describe(), c.status.launcher_code(), last_lines_of(c),
+                      error_lines_of(c)},
               &c);
   }
 }

@@ -87,6 +87,8 @@ struct ChildSpec {
   // true: the child's stdin is a pipe this launcher holds open, its lifeline; closed when the
   // job stops. false: stdin is /dev/null.
   bool lifeline_stdin = false;
+  // With lifeline_stdin: written to the pipe as the first line, as the child starts.
+  std::string stdin_first_line;
   // true: lines starting with kAgentFailureMarker are parsed, not forwarded.
   bool agent_lines = false;
   // Sent to the child if the launcher dies without stopping it (Linux PR_SET_PDEATHSIG): a

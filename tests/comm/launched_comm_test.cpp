@@ -1,7 +1,8 @@
 // The communicator as real processes: every operation through `dscpp launch` at world sizes 1
 // to 4 and through OpenMPI's mpirun; a rank that skips a collective and mismatched shapes under
 // DSCPP_DEBUG_SYNC; and the rendezvous failures a user meets first (unreachable master, port in
-// use), each a clear error with nothing left running.
+// use, a master address of another host, a rank with another job's secret), each a clear error
+// with nothing left running.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -32,9 +33,10 @@ TEST_P(LaunchedComm, EveryOperationThroughTheLauncher) {
   auto r = run_command(launch(world, "ops"));
   EXPECT_EQ(r.status, 0) << r.output;
   for (int rank = 0; rank < world; ++rank) {
-    std::string line = "rank " + std::to_string(rank) + " of " + std::to_string(world) +
-                       ": all collectives OK";
-    EXPECT_NE(r.output.find(line), std::string::npos) << "missing '" << line << "' in\n" << r.output;
+    std::string line =
+        "rank " + std::to_string(rank) + " of " + std::to_string(world) + ": all collectives OK";
+    EXPECT_NE(r.output.find(line), std::string::npos) << "missing '" << line << "' in\n"
+                                                      << r.output;
   }
 }
 
@@ -80,9 +82,9 @@ TEST(LaunchedCommOpenMpi, EveryOperationUnderMpirun) {
 
 TEST(Rendezvous, UnreachableMasterNamesAddressPortAndTime) {
   int port = free_port();
-  auto r = run_command("RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
-                       std::to_string(port) + " DSCPP_RENDEZVOUS_TIMEOUT=2 " + kWorker +
-                       " rendezvous");
+  auto r =
+      run_command("RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
+                  " DSCPP_RENDEZVOUS_TIMEOUT=2 " + kWorker + " rendezvous");
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_NE(r.output.find("rank 1 could not reach the master at 127.0.0.1:" + std::to_string(port)),
             std::string::npos)
@@ -103,9 +105,9 @@ TEST(Rendezvous, PortInUseIsNamed) {
   socklen_t len = sizeof(a);
   getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
   int port = ntohs(a.sin_port);
-  auto r = run_command("RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
-                       std::to_string(port) + " DSCPP_RENDEZVOUS_TIMEOUT=2 " + kWorker +
-                       " rendezvous");
+  auto r =
+      run_command("RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
+                  " DSCPP_RENDEZVOUS_TIMEOUT=2 " + kWorker + " rendezvous");
   close(fd);
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_NE(r.output.find("could not start the rendezvous server on port " + std::to_string(port)),
@@ -114,28 +116,51 @@ TEST(Rendezvous, PortInUseIsNamed) {
   EXPECT_NE(r.output.find("--master_port"), std::string::npos) << r.output;
 }
 
-TEST(Rendezvous, RankZeroThatCannotReachItsOwnServerIsNotABusyPort) {
-  // Rank 0 listens on every address, then connects to MASTER_ADDR like the others: an address
-  // that does not lead back to it (198.51.100.1 is reserved for documentation) is an unreachable
-  // master, not a port in use (the fault suite's net_no_master case found the wrong hint).
+TEST(Rendezvous, MasterAddressOfAnotherHostIsNamedNotABusyPort) {
+  // Rank 0 listens on MASTER_ADDR only: an address that is not its own (198.51.100.1 is reserved
+  // for documentation) is named as such, not as a port in use (the fault suite's net_no_master
+  // case once found the wrong hint).
   int port = free_port();
-  auto r = run_command("RANK=0 WORLD_SIZE=2 MASTER_ADDR=198.51.100.1 MASTER_PORT=" +
-                       std::to_string(port) + " DSCPP_RENDEZVOUS_TIMEOUT=2 " + kWorker +
-                       " rendezvous");
+  auto r = run_command(
+      "RANK=0 WORLD_SIZE=2 MASTER_ADDR=198.51.100.1 MASTER_PORT=" + std::to_string(port) +
+      " DSCPP_RENDEZVOUS_TIMEOUT=2 " + kWorker + " rendezvous");
   EXPECT_EQ(r.status, 1) << r.output;
-  EXPECT_NE(r.output.find("rank 0 could not reach the master at 198.51.100.1:" +
-                          std::to_string(port) + " (its own rendezvous server)"),
-            std::string::npos)
+  EXPECT_NE(
+      r.output.find("rank 0 could not start the rendezvous server on port " + std::to_string(port) +
+                    " (MASTER_ADDR=198.51.100.1): MASTER_ADDR is "
+                    "not an address of this host"),
+      std::string::npos)
       << r.output;
   EXPECT_EQ(r.output.find("in use"), std::string::npos) << r.output;
   EXPECT_LT(r.seconds, 20);
 }
 
+TEST(Rendezvous, RanksOfAnotherSecretAreRefusedAndRankZeroLogsThem) {
+  // Rank 0 holds one secret, rank 1 another: rank 1 is told its secret is not the job's, rank
+  // 0 logs the refused address and then names the rank that never joined.
+  const std::string port = std::to_string(free_port());
+  const std::string common =
+      "WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " DSCPP_RENDEZVOUS_TIMEOUT=3 ";
+  auto r =
+      run_command("(RANK=0 DSCPP_RENDEZVOUS_SECRET=aaaaaaaaaaaaaaaaaaaaaaaa " + common + kWorker +
+                  " rendezvous 2>&1 | sed 's/^/r0: /') & sleep 0.5; RANK=1 "
+                  "DSCPP_RENDEZVOUS_SECRET=bbbbbbbbbbbbbbbbbbbbbbbb " +
+                  common + kWorker + " rendezvous 2>&1 | sed 's/^/r1: /'; wait");
+  EXPECT_NE(r.output.find("r1: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("refused this rank: its secret is not this job's"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("rendezvous: refused a connection from 127.0.0.1:"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("its proof is wrong"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ranks 1 of 2 did not join within 3 s"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 20);
+}
+
 TEST(Rendezvous, MissingRanksAreNamed) {
   // Rank 0 of a world of 3 waits alone: ranks 1 and 2 never come.
-  auto r = run_command("RANK=0 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
-                       std::to_string(free_port()) + " DSCPP_RENDEZVOUS_TIMEOUT=2 " + kWorker +
-                       " rendezvous");
+  auto r = run_command(
+      "RANK=0 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) +
+      " DSCPP_RENDEZVOUS_TIMEOUT=2 " + kWorker + " rendezvous");
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_NE(r.output.find("ranks 1,2 of 3 did not join within 2 s"), std::string::npos) << r.output;
 }

@@ -19,6 +19,7 @@ and the case's name, so a failure reproduces from its seed whatever other cases 
 """
 import argparse
 import glob
+import hashlib
 import json
 import os
 import random
@@ -29,6 +30,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 PHASES = ["forward", "backward", "optimizer", "all_gather", "save", "offload_io"]
@@ -37,6 +39,7 @@ COMM_TIMEOUT_S = 4    # DSCPP_COMM_TIMEOUT for the stall cases
 STALL_BOUND_S = COMM_TIMEOUT_S + 10.0
 JOB_LIMIT_S = 90.0    # a job still running after this is a hang: killed, and the trial fails
 API_BOUND_S = COMM_TIMEOUT_S + 11.0  # a misused engine API: the whole job, start-up included
+STRANGER_DELAY_S = 10.0  # a job with strangers at its master port takes at most this much longer
 
 
 def check_ending(res, rc, hung, t_fault, t_end, bound):
@@ -57,7 +60,8 @@ def check_ending(res, rc, hung, t_fault, t_end, bound):
 
 ALL_CASES = ["kill_" + p for p in PHASES] + ["kill_save_background"] + [
     "stop", "skip", "skip_tcp", "skip_tcp_debug", "save", "save_tcp", "save_tcp_debug", "wider",
-    "double", "nan_fp32", "nan_fp16", "corrupt", "disk", "eio", "nvme", "net_cut", "net_no_master", "fuzz_configs", "libfuzzer"]
+    "double", "nan_fp32", "nan_fp16", "corrupt", "disk", "eio", "nvme", "net_cut", "net_no_master", "stranger", "fuzz_configs",
+    "libfuzzer"]
 
 
 def case_title(case):
@@ -84,6 +88,8 @@ def case_title(case):
         return "network cut between 2 hosts", "timeout + 10 s"
     if case == "net_no_master":
         return "MASTER_ADDR never answers", "timeout + 10 s"
+    if case == "stranger":
+        return "a stranger at the master port", "job +%.0f s" % STRANGER_DELAY_S
     if case.startswith("nan_"):
         return "NaN gradient, " + case[len("nan_"):], "job %.0f s" % API_BOUND_S
     mode = case.split("_")[0]
@@ -731,8 +737,8 @@ class Suite:
         cut: the link goes down in the middle of training; every process must exit, with the
         collective that did not complete reported, within DSCPP_COMM_TIMEOUT + 10 s of the cut.
         no_master: MASTER_ADDR is an address whose packets are never answered; every process
-        must exit, naming the master it could not reach, within DSCPP_RENDEZVOUS_TIMEOUT + 10 s
-        of the start."""
+        must exit, naming the master address (not its own for rank 0, or not reachable for the
+        others), within DSCPP_RENDEZVOUS_TIMEOUT + 10 s of the start."""
         if self.net is None:
             self.net = NetPair()
         results = []
@@ -781,8 +787,13 @@ class Suite:
             if kind == "cut":
                 expected = r"did not complete within %.1f s" % COMM_TIMEOUT_S
             else:
-                expected = r"could not reach the master at %s:%d( \(its own rendezvous " \
-                    r"server\))? after trying for" % (re.escape(self.net.silent), port)
+                # Rank 0 finds at once that MASTER_ADDR is not its own (the rendezvous listens
+                # there only); a rank elsewhere that is faster to report names the master it
+                # could not reach.
+                expected = r"(could not reach the master at %s:%d after trying for|could not " \
+                    r"start the rendezvous server on port %d \(MASTER_ADDR=%s\): MASTER_ADDR " \
+                    r"is not an address of this host)" % (re.escape(self.net.silent), port, port,
+                                                          re.escape(self.net.silent))
             if not re.search(expected, out):
                 res["why"].append("no process reported /%s/" % expected)
             if not re.search(r"cause: rank \d+ on dscpp_f[12]_\d+ ", out):
@@ -792,6 +803,111 @@ class Suite:
                 res["why"].append("left behind: " + "; ".join(res["left"]))
             shutil.rmtree(trial_dir, ignore_errors=True)
             results.append(self.finish("network " + kind, t, res, out))
+        return results
+
+    def final_weights(self, save_dir):
+        """(the tag `latest` names, a digest of every tensor of its rank files but the random
+        generators' states): the weights and optimizer states. The global CPU generator is
+        seeded at random in every process (libtorch 2.x), so its saved state differs between
+        two launches of the same job."""
+        tag = open(os.path.join(save_dir, "latest")).read().strip()
+        h = hashlib.sha256()
+        for path in sorted(glob.glob(os.path.join(save_dir, tag, "*.safetensors"))):
+            with open(path, "rb") as f:
+                data = f.read()
+            n = int.from_bytes(data[:8], "little")
+            header = json.loads(data[8:8 + n])
+            for name in sorted(k for k in header if k != "__metadata__"):
+                if name.startswith("rng/"):
+                    continue
+                begin, end = header[name]["data_offsets"]
+                h.update(name.encode() + b"\0" + data[8 + n + begin:8 + n + end])
+        return tag, h.hexdigest()
+
+    def stranger_case(self, trials):
+        """Processes without the job's secret connect to the master port at random moments
+        of a 2-rank job: some send garbage, some the right greeting with a wrong proof, some
+        say nothing and hold the connection, some connect and leave. The job must finish with
+        the weights of the same job run alone, within STRANGER_DELAY_S of its time, and rank 0
+        must log the strangers with their address."""
+        results = []
+        alone = {}  # stage -> (seconds, final tag and weights) of the job run without strangers
+        for t in range(trials):
+            stage = [0, 1, 2, 3][t % 4]
+            if stage not in alone:
+                trial_dir = tempfile.mkdtemp(prefix="alone_", dir=self.work)
+                t0 = time.time()
+                rc, out, _, hung = self.run(self.launch(2, self.train_program(
+                    trial_dir, stage, False, steps=40), self.next_port()), {})
+                if rc != 0 or hung:
+                    raise SystemExit("stranger: the job alone failed (stage %d):\n%s" %
+                                     (stage, out[-3000:]))
+                alone[stage] = (time.time() - t0, self.final_weights(
+                    os.path.join(trial_dir, "ckpt")))
+                shutil.rmtree(trial_dir)
+            trial_dir = tempfile.mkdtemp(prefix="stranger_", dir=self.work)
+            port = self.next_port()
+            stop = threading.Event()
+            tried = {"garbage": 0, "wrong proof": 0, "silent": 0, "scan": 0}
+            rng = random.Random(self.rng.random())
+
+            def strangers():
+                held = []
+                while not stop.is_set():
+                    kind = rng.choice(sorted(tried))
+                    try:
+                        sock = socket.create_connection(("127.0.0.1", port), timeout=2)
+                    except OSError:
+                        time.sleep(0.05)  # rank 0 is not listening yet
+                        continue
+                    tried[kind] += 1
+                    try:
+                        if kind == "garbage":
+                            sock.sendall(bytes(rng.getrandbits(8) for _ in range(
+                                rng.randint(1, 200))))
+                        elif kind == "wrong proof":
+                            sock.recv(41)
+                            sock.sendall(b"DSCPP-C1" + bytes(rng.getrandbits(8)
+                                                             for _ in range(64)))
+                    except OSError:
+                        pass
+                    if kind == "silent":
+                        held.append(sock)
+                    else:
+                        sock.close()
+                    time.sleep(rng.uniform(0, 0.3))
+                for sock in held:
+                    sock.close()
+
+            thread = threading.Thread(target=strangers, daemon=True)
+            thread.start()
+            t0 = time.time()
+            try:
+                rc, out, t_end, hung = self.run(self.launch(2, self.train_program(
+                    trial_dir, stage, False, steps=40), port), {})
+            finally:
+                stop.set()
+                thread.join()
+            what = "stage %d, 2 ranks, %s" % (stage, ", ".join(
+                "%d %s" % (n, k) for k, n in sorted(tried.items())))
+            res = {"what": what, "ok": True, "why": [], "exit_s": None, "left": [], "lost": 0}
+            if hung or rc != 0:
+                res["why"].append("the job failed (exit %s%s)" % (rc, ", hung" if hung else ""))
+            else:
+                res["exit_s"] = (t_end - t0) - alone[stage][0]
+                if res["exit_s"] > STRANGER_DELAY_S:
+                    res["why"].append("the job took %.1f s longer than alone (bound %.0f s)" %
+                                      (res["exit_s"], STRANGER_DELAY_S))
+                if self.final_weights(os.path.join(trial_dir, "ckpt")) != alone[stage][1]:
+                    res["why"].append("the final checkpoint differs from the job run alone")
+            if sum(tried.values()) and not re.search(
+                    r"rendezvous: refused a connection from 127\.0\.0\.1:\d+", out):
+                res["why"].append("rank 0 logged no refused stranger")
+            res["left"] = self.leftovers(trial_dir, port)
+            if res["left"]:
+                res["why"].append("left behind: " + "; ".join(res["left"]))
+            shutil.rmtree(trial_dir, ignore_errors=True)
+            results.append(self.finish("stranger", t, res, out))
         return results
 
     def sanitized_parsers(self):
@@ -978,6 +1094,8 @@ class Suite:
                 results = self.fuzz_configs_case()
             elif case == "libfuzzer":
                 results = self.libfuzzer_case()
+            elif case == "stranger":
+                results = self.stranger_case(trials)
             elif case.startswith("net_"):
                 results = self.net_case(case[len("net_"):], trials)
             elif case in ("corrupt", "disk"):
@@ -1048,8 +1166,8 @@ FIXES = {
                                             "error (1 of 20 before)",
     "network cut between 2 hosts": "the sync report names a network that cannot be reached as "
                                    "a reason a rank does not answer",
-    "MASTER_ADDR never answers": "rank 0 blamed a port in use; it now says it could not reach "
-                                 "the master at that address",
+    "MASTER_ADDR never answers": "rank 0 blamed a port in use; it now says MASTER_ADDR is not "
+                                 "an address of its host (the rendezvous listens there only)",
 }
 
 

@@ -22,6 +22,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -274,6 +275,32 @@ TEST(LaunchResolve, BadCountsAreErrors) {
   EXPECT_TRUE(contains(error_of([&] { resolve_hosts(o); }), "cannot open hostfile"));
 }
 
+TEST(LaunchResolve, NnodesRangeAndDroppedHosts) {
+  int lo = 0, hi = 0;
+  parse_nnodes("2:4", &lo, &hi);
+  EXPECT_EQ(lo, 2);
+  EXPECT_EQ(hi, 4);
+  parse_nnodes("3", &lo, &hi);
+  EXPECT_EQ(lo, 3);
+  EXPECT_EQ(hi, 3);
+  for (const char* bad : {"", "0:2", "3:2", "a:b", "2:", ":2", "1:2:3", "-1:2"}) {
+    std::string msg = error_of([&] { parse_nnodes(bad, &lo, &hi); });
+    EXPECT_TRUE(contains(msg, "--nnodes")) << bad << ": " << msg;
+  }
+  // Dropping a host renumbers the ranks of those after it, in hostfile order.
+  std::vector<HostSlots> hosts = {{"a", {0, 1}, 0}, {"b", {0, 1, 2}, 2}, {"c", {1}, 5}};
+  std::vector<HostSlots> left = drop_hosts(hosts, {1});
+  ASSERT_EQ(left.size(), 2u);
+  EXPECT_EQ(left[0].host, "a");
+  EXPECT_EQ(left[0].first_rank, 0);
+  EXPECT_EQ(left[1].host, "c");
+  EXPECT_EQ(left[1].first_rank, 2);
+  EXPECT_EQ(left[1].slots, std::vector<int>{1});
+  left = drop_hosts(hosts, {0});
+  EXPECT_EQ(left[0].first_rank, 0);
+  EXPECT_EQ(left[1].first_rank, 3);
+}
+
 TEST(LaunchResolve, ProgramLookup) {
   EXPECT_EQ(resolve_program("sh", "/nonexistent:/bin:/usr/bin"), "/bin/sh");
   EXPECT_EQ(resolve_program("/bin/sh", ""), "/bin/sh");
@@ -296,6 +323,7 @@ TEST(LaunchCommand, OpenmpiCommand) {
                                    "n1:2,n2:2", "--allow-run-as-root",
                                    "-x",        "MASTER_ADDR=n1",
                                    "-x",        "MASTER_PORT=29500",
+                                   "-x",        "DSCPP_RENDEZVOUS_SECRET",
                                    "-x",        "OMP_NUM_THREADS=4",
                                    "--mca",     "btl",
                                    "tcp,self",  "-x",
@@ -315,6 +343,7 @@ TEST(LaunchCommand, OpenmpiOversubscribesAndPassesOmpThrough) {
                                    "localhost:4", "--oversubscribe",
                                    "-x",          "MASTER_ADDR=10.0.0.1",
                                    "-x",          "MASTER_PORT=1234",
+                                   "-x",          "DSCPP_RENDEZVOUS_SECRET",
                                    "-x",          "OMP_NUM_THREADS",
                                    "prog",        "--flag",
                                    "a b"};
@@ -563,6 +592,48 @@ TEST(LaunchProcess, EnvironmentOfFourRanks) {
   EXPECT_TRUE(contains(r.err, "[launcher]")) << dump(r);
 }
 
+// The job's rendezvous secret (comm/job_secret.h) reaches every rank, locally through the
+// environment and to node agents through their stdin, and never shows in the launcher's output
+// or on an agent's command line; every start gets a new one.
+TEST(LaunchProcess, JobSecretReachesRanksButNoCommandLine) {
+  const std::string show =
+      "echo got-\"secret:$DSCPP_RENDEZVOUS_SECRET\"; tr '\\0' ' ' < /proc/$PPID/cmdline; echo";
+  auto secrets_of = [](const Result& r) {
+    std::set<std::string> found;
+    const std::string mark = "got-secret:";
+    for (size_t at = r.out.find(mark); at != std::string::npos; at = r.out.find(mark, at + 1)) {
+      found.insert(r.out.substr(at + mark.size(), r.out.find('\n', at) - at - mark.size()));
+    }
+    return found;
+  };
+  Result local = launch({"--num_procs", "2", "sh", "-c", show}, {"DSCPP_RENDEZVOUS_SECRET=mine"});
+  ASSERT_EQ(local.code, 0) << dump(local);
+  std::set<std::string> one = secrets_of(local);
+  ASSERT_EQ(one.size(), 1u) << dump(local);  // both ranks, one secret (the launcher's own)
+  const std::string secret = *one.begin();
+  EXPECT_EQ(secret.size(), 64u) << dump(local);
+  EXPECT_FALSE(contains(local.err, secret)) << dump(local);
+
+  // Two "hosts" whose agents run here through a remote-command template.
+  const std::string hostfile = ::testing::TempDir() + "/secret_hosts";
+  std::ofstream(hostfile) << "node-a slots=1\nnode-b slots=1\n";
+  Result agents = launch({"--hostfile", hostfile, "--master_addr", "127.0.0.1", "--remote_cmd",
+                          "env NODE={host} {command}", "sh", "-c", show});
+  ASSERT_EQ(agents.code, 0) << dump(agents);
+  std::set<std::string> two = secrets_of(agents);
+  ASSERT_EQ(two.size(), 1u) << dump(agents);
+  EXPECT_EQ(two.begin()->size(), 64u) << dump(agents);
+  EXPECT_NE(*two.begin(), secret) << "a new job must get a new secret";
+  EXPECT_TRUE(contains(agents.out, "--node_agent")) << "the agent's command line was shown";
+  const std::string lines = agents.out + agents.err;
+  size_t uses = 0;
+  for (size_t at = lines.find(*two.begin()); at != std::string::npos;
+       at = lines.find(*two.begin(), at + 1)) {
+    ++uses;
+  }
+  EXPECT_EQ(uses, 2u) << "the secret appears only where the ranks printed it\n" << dump(agents);
+}
+
 TEST(LaunchProcess, KeepsOmpNumThreadsWhenSet) {
   Result r =
       launch({"--num_procs", "2", "sh", "-c", "echo omp=$OMP_NUM_THREADS"}, {"OMP_NUM_THREADS=7"});
@@ -633,6 +704,78 @@ TEST(LaunchProcess, MaxRestartsStartsAFailedJobAgain) {
   EXPECT_FALSE(contains(none.err, "restart")) << dump(none);
 
   EXPECT_NE(launch({"--max_restarts", "-1", "true"}).code, 0);
+}
+
+// NOTE [elastic hosts]: two "hosts" whose agents run here through a remote-command template.
+// On the first start, node-b's rank kills its node agent (as a host that dies takes its agent
+// with it): node-b is lost, and the job starts again on node-a alone, at world size 1. A rank
+// failure on a healthy host drops nothing; a host whose probe fails is dropped; too few hosts
+// left ends the job.
+TEST(LaunchProcess, NnodesDropsALostHostAndGoesOn) {
+  TempDir d;
+  const std::string hostfile = (d.path / "hosts").string();
+  std::ofstream(hostfile) << "node-a slots=1\nnode-b slots=1\n";
+  auto job = [&](const std::vector<std::string>& extra, const std::string& program,
+                 const std::string& tmpl = "env NODE={host} {command}") {
+    std::vector<std::string> args = {"--hostfile", hostfile,       "--master_addr",
+                                     "127.0.0.1",  "--remote_cmd", tmpl};
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.insert(args.end(), {"sh", "-c", program});
+    return launch(args);
+  };
+  const std::string say =
+      "echo \"start $DSCPP_RESTART_COUNT rank $RANK of $WORLD_SIZE on $NODE\"; ";
+  Result r = job({"--nnodes", "1:2", "--max_restarts", "2"},
+                 say +
+                     "if [ $DSCPP_RESTART_COUNT = 0 ] && [ $NODE = node-b ]; then kill -9 $PPID; "
+                     "sleep 5; fi; sleep 0.3");
+  EXPECT_EQ(r.code, 0) << dump(r);
+  EXPECT_TRUE(
+      contains(r.err, "host node-b (rank 1) is lost: its node agent was killed by signal 9"))
+      << dump(r);
+  EXPECT_TRUE(contains(r.err, "the job goes on without node-b: 1 host(s) left (node-a")) << dump(r);
+  EXPECT_TRUE(contains(r.out, "start 1 rank 0 of 1 on node-a")) << dump(r);
+  EXPECT_FALSE(contains(r.out, "start 1 rank 0 of 2")) << dump(r);
+  EXPECT_FALSE(contains(r.out, "on node-b\n[rank 0] start 1")) << dump(r);
+  EXPECT_FALSE(contains(r.out, "start 2")) << dump(r);
+
+  // A rank that fails on a healthy host: both hosts start again.
+  Result healthy = job({"--nnodes", "1:2", "--max_restarts", "1"},
+                       say +
+                           "if [ $DSCPP_RESTART_COUNT = 0 ] && [ $NODE = node-b ]; then exit 3; "
+                           "fi; sleep 0.3");
+  EXPECT_EQ(healthy.code, 0) << dump(healthy);
+  EXPECT_TRUE(contains(healthy.out, "start 1 rank 1 of 2 on node-b")) << dump(healthy);
+  EXPECT_FALSE(contains(healthy.err, "is lost")) << dump(healthy);
+
+  // A host that no longer answers the probe is dropped too (here: node-b, once the flag exists).
+  const std::string flag = (d.path / "b_gone").string();
+  Result probed = job({"--nnodes", "1:2", "--max_restarts", "1"},
+                      say + "if [ $DSCPP_RESTART_COUNT = 0 ] && [ $NODE = node-b ]; then touch " +
+                          flag + "; exit 3; fi; sleep 0.3",
+                      "sh -c 'test {host} = node-b -a -e " + flag +
+                          " && exit 7; exec env NODE={host} \"$@\"' probe {command}");
+  EXPECT_EQ(probed.code, 0) << dump(probed);
+  EXPECT_TRUE(contains(probed.err, "host node-b (rank 1) is lost: a probe of it, `sh -c"))
+      << dump(probed);
+  EXPECT_TRUE(contains(probed.err, "exited with status 7")) << dump(probed);
+  EXPECT_TRUE(contains(probed.out, "start 1 rank 0 of 1 on node-a")) << dump(probed);
+
+  // --nnodes 2:2: a lost host ends the job.
+  Result strict = job({"--nnodes", "2", "--max_restarts", "2"},
+                      say + "if [ $NODE = node-b ]; then kill -9 $PPID; sleep 5; fi; sleep 0.3");
+  EXPECT_NE(strict.code, 0) << dump(strict);
+  EXPECT_TRUE(contains(strict.err, "the 1 left are fewer than --nnodes 2:2 allows; giving up"))
+      << dump(strict);
+
+  // Bad combinations are refused before anything starts.
+  EXPECT_TRUE(contains(job({"--nnodes", "1:2"}, "true").err,
+                       "lets a job go on without a lost host only when it starts again"));
+  EXPECT_TRUE(contains(job({"--nnodes", "3:4", "--max_restarts", "1"}, "true").err,
+                       "but the job has 2 host(s)"));
+  EXPECT_TRUE(contains(launch({"--nnodes", "1:2", "--max_restarts", "1", "true"}).err,
+                       "--nnodes applies to --launcher ssh"));
+  EXPECT_TRUE(contains(launch({"--nnodes", "x", "true"}).err, "is not N or MIN:MAX"));
 }
 
 // A rank logs an error, then prints more than the report's last lines: the error still shows,

@@ -1,0 +1,145 @@
+// SHA-256 and HMAC-SHA-256 as FIPS 180-4 section 6.2 and RFC 2104 define them; checked against
+// the FIPS examples and RFC 4231's test cases in tests/util/sha256_test.cpp.
+#include "util/sha256.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace dscpp {
+namespace {
+
+constexpr uint32_t kRound[64] = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+
+inline uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+
+}  // namespace
+
+Sha256::Sha256()
+    : h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+         0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19} {}
+
+void Sha256::compress(const uint8_t* block) {
+  uint32_t w[64];
+  for (int t = 0; t < 16; ++t) {
+    w[t] = uint32_t{block[4 * t]} << 24 | uint32_t{block[4 * t + 1]} << 16 |
+           uint32_t{block[4 * t + 2]} << 8 | uint32_t{block[4 * t + 3]};
+  }
+  for (int t = 16; t < 64; ++t) {
+    uint32_t s0 = rotr(w[t - 15], 7) ^ rotr(w[t - 15], 18) ^ (w[t - 15] >> 3);
+    uint32_t s1 = rotr(w[t - 2], 17) ^ rotr(w[t - 2], 19) ^ (w[t - 2] >> 10);
+    w[t] = w[t - 16] + s0 + w[t - 7] + s1;
+  }
+  uint32_t a = h_[0], b = h_[1], c = h_[2], d = h_[3], e = h_[4], f = h_[5], g = h_[6], h = h_[7];
+  for (int t = 0; t < 64; ++t) {
+    uint32_t t1 =
+        h + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + kRound[t] + w[t];
+    uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+    h = g;
+    g = f;
+    f = e;
+    e = d + t1;
+    d = c;
+    c = b;
+    b = a;
+    a = t1 + t2;
+  }
+  h_[0] += a;
+  h_[1] += b;
+  h_[2] += c;
+  h_[3] += d;
+  h_[4] += e;
+  h_[5] += f;
+  h_[6] += g;
+  h_[7] += h;
+}
+
+void Sha256::update(const void* data, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  total_ += n;
+  while (n > 0) {
+    if (buffered_ == 0 && n >= 64) {
+      compress(p);
+      p += 64;
+      n -= 64;
+      continue;
+    }
+    size_t take = std::min(n, size_t{64} - buffered_);
+    std::memcpy(buf_.data() + buffered_, p, take);
+    buffered_ += take;
+    p += take;
+    n -= take;
+    if (buffered_ == 64) {
+      compress(buf_.data());
+      buffered_ = 0;
+    }
+  }
+}
+
+Sha256Digest Sha256::finish() {
+  const uint64_t bits = total_ * 8;
+  const uint8_t one = 0x80, zero = 0;
+  update(&one, 1);
+  while (buffered_ != 56) update(&zero, 1);
+  uint8_t length[8];
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(bits >> (56 - 8 * i));
+  update(length, 8);
+  Sha256Digest out;
+  for (int i = 0; i < 8; ++i) {
+    for (int j = 0; j < 4; ++j) out[4 * i + j] = static_cast<uint8_t>(h_[i] >> (24 - 8 * j));
+  }
+  return out;
+}
+
+Sha256Digest sha256(const void* data, size_t n) {
+  Sha256 s;
+  s.update(data, n);
+  return s.finish();
+}
+
+Sha256Digest hmac_sha256(const std::string& key, const std::string& message) {
+  std::array<uint8_t, 64> block{};
+  if (key.size() > block.size()) {
+    Sha256Digest k = sha256(key.data(), key.size());
+    std::memcpy(block.data(), k.data(), k.size());
+  } else {
+    std::memcpy(block.data(), key.data(), key.size());
+  }
+  std::array<uint8_t, 64> pad;
+  for (size_t i = 0; i < pad.size(); ++i) pad[i] = block[i] ^ 0x36;
+  Sha256 inner;
+  inner.update(pad.data(), pad.size());
+  inner.update(message.data(), message.size());
+  Sha256Digest inner_digest = inner.finish();
+  for (size_t i = 0; i < pad.size(); ++i) pad[i] = block[i] ^ 0x5c;
+  Sha256 outer;
+  outer.update(pad.data(), pad.size());
+  outer.update(inner_digest.data(), inner_digest.size());
+  return outer.finish();
+}
+
+bool digests_equal(const Sha256Digest& a, const Sha256Digest& b) {
+  uint8_t diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ b[i];
+  return diff == 0;
+}
+
+std::string to_hex(const uint8_t* data, size_t n) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    out.push_back(kDigits[data[i] >> 4]);
+    out.push_back(kDigits[data[i] & 15]);
+  }
+  return out;
+}
+
+}  // namespace dscpp
