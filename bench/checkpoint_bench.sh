@@ -4,6 +4,9 @@
 # sequential write bandwidth measured in the same round (docs/checkpoint.md, "Save speed").
 #   bench/checkpoint_bench.sh [ROUNDS]          MODEL=small (16 x 512, 50M), 150m or bench (6 x 384)
 #   NPROC=1 bench/checkpoint_bench.sh [ROUNDS]  one rank, so a core is left to the writing thread
+#   PEERS=1 MODEL=150m bench/checkpoint_bench.sh [ROUNDS]   adds the peers (needs bench/peers/setup.sh
+#          for DeepSpeed): FSDP2 with torch.distributed.checkpoint's save and async_save, and
+#          DeepSpeed's save_checkpoint, the same GPT, data, config and saves (bench/peers/train_gpt.py)
 # Each round, alternating in this order:
 #   sync   dscpp train on NPROC (2) local ranks (one core each), ZeRO stage 2, fp32 AdamW (12 bytes per
 #          parameter saved: values, exp_avg, exp_avg_sq), 9 steps with a save after steps 3, 6
@@ -15,6 +18,8 @@
 #          publication took beyond the median step without a save in flight (from --metrics);
 #          saves 1 and 2 (the last one is waited for at the end). Its write rate is the bytes of
 #          both ranks over the slower rank's write time (show_statistics).
+#   peers  (PEERS=1) the same 9 steps and saves by each peer, which reports its synchronous save's
+#          time and its background save's stall in the terms above (train_gpt.py's Saver).
 #   plain  the same number of bytes written by dd into DIR, NPROC writers at once (as the ranks
 #          write), each fsynced at its end, timed from start to both done: once through the page
 #          cache in 8 MiB blocks, once with O_DIRECT.
@@ -47,9 +52,23 @@ train() {  # train CONFIG: a 9-step run saving every 3 steps; its log on stdout
     --steps 9 --save_interval 3 --eval_problems 10 --save_dir "$DIR/ckpt" --metrics "$METRICS" 2>&1
 }
 
+PEERS=${PEERS:-0}
+[ "$PEERS" = 0 ] || [ "$MODEL" != small ] || { echo "PEERS=1 needs MODEL=150m or bench" >&2; exit 2; }
+peer() {  # peer SYSTEM MODE: "SYNC STALL" seconds of a 9-step run saving every 3 steps
+  port=$((port + 1))
+  rm -rf "${DIR:?}"/*
+  local out
+  out=$(build/dscpp launch --num_procs $NPROC --master_port $port .venv/bin/python \
+    bench/peers/train_gpt.py --system "$1" --save_mode "$2" --config "$SYNC" --n_layer $L \
+    --n_head $H --n_embd $C --block_size $T --data ../shared/data/tinyshakespeare.txt --steps 9 \
+    --warmup 1 --save_dir "$DIR/peer" --save_interval 3 2>&1) || true
+  grep -oE "saves: sync [0-9.]+ s, stall [0-9.]+" <<<"$out" | awk '{print $3, $6}' |
+    grep . || { echo "$1 $2 failed:" >&2; tail -5 <<<"$out" >&2; echo "- -"; }
+}
 printf "%-6s %8s %9s %9s %9s %7s %9s %9s %9s %7s\n" round MiB "sync 1st" "sync s" "bg stall" \
   "ratio" "bg MiB/s" "dd MiB/s" "direct" "bg/dd"
 stalls=() syncs=() ratios=() bgrates=() ddrates=() directs=()
+fsdp_syncs=() fsdp_stalls=() ds_syncs=() ds_stalls=()
 for round in $(seq 1 "$ROUNDS"); do
   out=$(train "$SYNC")
   lines=$(grep -o "saved checkpoint .* MiB in [0-9.]* s" <<<"$out" || true)
@@ -84,6 +103,15 @@ print(f"{stall:.3f} {statistics.mean(rates):.0f}")
 PY
 )
   [ -n "$bgrate" ] || { echo "$out" | tail -20; exit 1; }
+  if [ "$PEERS" != 0 ]; then
+    read -r fs_sync _ < <(peer fsdp2 sync)
+    read -r _ fs_stall < <(peer fsdp2 async)
+    read -r ds_sync _ < <(peer deepspeed sync)
+    read -r _ ds_stall < <(peer deepspeed async)
+    echo "round $round peers: FSDP2 dcp.save $fs_sync s, dcp.async_save stall $fs_stall s;" \
+      "DeepSpeed save_checkpoint $ds_sync s, decoupled stall $ds_stall s"
+    fsdp_syncs+=("$fs_sync") fsdp_stalls+=("$fs_stall") ds_syncs+=("$ds_sync") ds_stalls+=("$ds_stall")
+  fi
   rm -rf "${DIR:?}"/*
   sync
   plain() {  # plain FLAG...: MiB/s of NPROC dd writers of mib/NPROC each
@@ -111,3 +139,9 @@ echo "medians: synchronous save $(median "${syncs[@]}") s; background save's sta
   "$(median "${stalls[@]}") s ($(median "${ratios[@]}") of the synchronous save);" \
   "background write $(median "${bgrates[@]}") MiB/s, dd $(median "${ddrates[@]}") MiB/s," \
   "dd O_DIRECT $(median "${directs[@]}") MiB/s"
+if [ "$PEERS" != 0 ]; then
+  med() { local v=() x; for x in "$@"; do [ "$x" = - ] || v+=("$x"); done; ((${#v[@]})) && median "${v[@]}" || echo -; }
+  echo "peers, medians: FSDP2 dcp.save $(med "${fsdp_syncs[@]}") s, dcp.async_save stall" \
+    "$(med "${fsdp_stalls[@]}") s; DeepSpeed save_checkpoint $(med "${ds_syncs[@]}") s," \
+    "decoupled stall $(med "${ds_stalls[@]}") s"
+fi

@@ -51,6 +51,16 @@ int launch_main(int argc, char** argv) {
   app.add_option("--nnodes", nnodes,
                  "MIN:MAX: with --max_restarts, a lost host is dropped and the job starts again "
                  "on the others while at least MIN remain (ssh launcher; torchrun's spelling)");
+  // DeepSpeed's launcher spells the same range --elastic_training with --min_elastic_nodes
+  // (default 1) and --max_elastic_nodes (default: the hosts given).
+  bool elastic_training = false;
+  int min_elastic = -1, max_elastic = -1;
+  app.add_flag("--elastic_training", elastic_training,
+               "DeepSpeed's spelling of --nnodes MIN:MAX, with --min_elastic_nodes and "
+               "--max_elastic_nodes");
+  app.add_option("--min_elastic_nodes", min_elastic, "with --elastic_training: MIN (default 1)");
+  app.add_option("--max_elastic_nodes", max_elastic,
+                 "with --elastic_training: MAX (default: the number of hosts)");
   app.add_option("--log_level", o.log_level, "debug, info, warning or error")
       ->check(CLI::IsMember({"debug", "info", "warning", "warn", "error"}));
   // Node agent flags (see NOTE [node agent protocol] in src/launch/launcher.cpp).
@@ -74,6 +84,19 @@ int launch_main(int argc, char** argv) {
     launch::parse_nnodes(nnodes, &o.nnodes, &unused);
   } else if (!nnodes.empty()) {
     launch::parse_nnodes(nnodes, &o.min_nodes, &o.max_nodes);
+  }
+  DSCPP_CHECK(elastic_training || (min_elastic == -1 && max_elastic == -1), LaunchError,
+              "--min_elastic_nodes and --max_elastic_nodes need --elastic_training (DeepSpeed's "
+              "rule). HINT: add --elastic_training, or write --nnodes MIN:MAX");
+  if (elastic_training) {
+    DSCPP_CHECK(nnodes.empty(), LaunchError,
+                "give either --nnodes MIN:MAX or --elastic_training with --min_elastic_nodes / "
+                "--max_elastic_nodes, not both");
+    o.min_nodes = min_elastic == -1 ? 1 : min_elastic;
+    o.max_nodes = max_elastic;  // -1: the number of hosts, resolved by run_job
+    DSCPP_CHECK(o.min_nodes >= 1 && (o.max_nodes == -1 || o.max_nodes >= o.min_nodes), LaunchError,
+                "--min_elastic_nodes ", o.min_nodes, " and --max_elastic_nodes ", o.max_nodes,
+                " need 1 <= MIN <= MAX");
   }
   o.program = app.remaining();
   const bool after_dashes = !o.program.empty() && o.program[0] == "--";

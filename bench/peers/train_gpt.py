@@ -30,6 +30,17 @@ torch.distributed's env:// expects:
       --config ds.json --data FILE --init W.safetensors --n_layer 6 --n_head 6 --n_embd 384 \\
       --block_size 256 --steps 30
 
+With --save_dir and --save_interval K it saves a checkpoint after every K-th step, the way each
+system's users save one (bench/checkpoint_bench.sh, PEERS=1): DDP and FSDP2 through
+torch.distributed.checkpoint (DCP) of get_state_dict(model, optimizer), `dcp.save`, or with
+--save_mode async `dcp.async_save` (a thread writes after the state was staged; a save waits for
+the one before it); DeepSpeed with engine.save_checkpoint (with --save_mode async its
+checkpoint.writer.decoupled, as dscpp's). Rank 0 then prints "save K: blocked B s" per save and
+at the end "saves: sync S s, stall T s" in bench/checkpoint_bench.sh's terms: a synchronous
+save's time (mean of saves 2..), and a background save's stall, the seconds it blocked plus what
+the steps while it was written took beyond the median step without a save in flight (mean of
+the saves but the last, which the end waits for).
+
 Prints on rank 0 what bench/peers.sh reads, in dscpp train's words: "step K loss L" every 10 steps
 and at the end (the mean over every rank's micro-batches), "throughput: X tokens/s over steps ..."
 (steps after the warm-up), "train time: ..."; and on every rank "rank R: peak RSS M MiB". A system
@@ -210,6 +221,85 @@ class DeepSpeed:
         pass
 
 
+class Saver:
+    """Saves after every save_interval-th step and times it (see the module's text)."""
+
+    def __init__(self, a, trainer):
+        self.a, self.trainer = a, trainer
+        self.rank = dist.get_rank()
+        self.pending = None      # (save number, future) of an async save in flight
+        self.blocked = []        # seconds each save call blocked the training thread
+        self.in_flight = {}      # save number -> step times while it was written
+        self.free_steps = []     # step times with no save in flight (and no save in them)
+        self.decoupled = a.system == "deepspeed" and a.save_mode == "async"
+
+    def _state(self):
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+        model, opt = get_state_dict(self.trainer.model, self.trainer.opt)
+        return {"model": model, "optim": opt}
+
+    def _done(self):
+        """Whether the save in flight is written (DeepSpeed's decoupled save commits, waiting
+        for its write, in the first engine.step() after it: one step holds all it costs)."""
+        if self.pending is None:
+            return True
+        n, fut = self.pending
+        if self.decoupled or fut.done():
+            if not self.decoupled:
+                fut.result()
+            self.pending = None
+            return True
+        return False
+
+    def after_step(self, step, seconds):
+        if self.pending is not None:
+            self.in_flight[self.pending[0]].append(seconds)
+            self._done()
+        elif step > 1 and step % self.a.save_interval != 1:
+            self.free_steps.append(seconds)
+        if step % self.a.save_interval:
+            return
+        n = len(self.blocked)
+        path = os.path.join(self.a.save_dir, "step%d" % step)
+        t0 = time.perf_counter()
+        if self.pending is not None and self.pending[1] is not None:  # one at a time, as dscpp
+            self.pending[1].result()
+        self.pending = None
+        if self.a.system == "deepspeed":
+            self.trainer.engine.save_checkpoint(self.a.save_dir, tag="step%d" % step)
+            if self.decoupled:
+                self.pending = (n, None)
+                self.in_flight[n] = []
+        elif self.a.save_mode == "sync":
+            import torch.distributed.checkpoint as dcp
+            dcp.save(self._state(), checkpoint_id=path)
+        else:
+            import torch.distributed.checkpoint as dcp
+            fut = dcp.async_save(self._state(), checkpoint_id=path)
+            fut = getattr(fut, "upload_completion", fut)  # an AsyncSaveResponse in newer torch
+            self.pending = (n, fut)
+            self.in_flight[n] = []
+        self.blocked.append(time.perf_counter() - t0)
+        if self.rank == 0:
+            print("save %d: blocked %.3f s" % (n + 1, self.blocked[-1]), flush=True)
+
+    def finish(self):
+        if self.pending is not None and self.pending[1] is not None:
+            self.pending[1].result()
+        if self.decoupled and self.pending is not None:  # the last save: commit it before exit
+            self.trainer.engine._commit_decoupled_checkpoint()
+        self.pending = None
+        if self.rank != 0 or not self.blocked:
+            return
+        import statistics
+        sync = statistics.mean(self.blocked[1:] or self.blocked)
+        base = statistics.median(self.free_steps) if self.free_steps else 0.0
+        stalls = [self.blocked[n] + sum(w - base for w in self.in_flight.get(n, []))
+                  for n in range(max(1, len(self.blocked) - 1))]
+        print("saves: sync %.3f s, stall %.3f s (%s)" % (sync, statistics.mean(stalls),
+                                                        self.a.save_mode), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--system", choices=SYSTEMS, required=True)
@@ -222,6 +312,9 @@ def main():
     ap.add_argument("--block_size", type=int, default=256)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5, help="steps not timed (compilation included)")
+    ap.add_argument("--save_dir", help="save checkpoints here (see --save_interval)")
+    ap.add_argument("--save_interval", type=int, default=0)
+    ap.add_argument("--save_mode", choices=["sync", "async"], default="sync")
     a = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     os.environ.setdefault("DSCPP_GPT_ATTENTION", "sdpa")
@@ -230,6 +323,8 @@ def main():
     bf16 = bool(cfg.get("bf16", {}).get("enabled", False))
     if a.system == "deepspeed":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        if a.save_mode == "async":  # DeepSpeed's background save, as dscpp's config asks for it
+            cfg.setdefault("checkpoint", {})["writer"] = {"decoupled": True}
     else:
         dist.init_process_group("gloo")
     torch.manual_seed(1234)
@@ -249,8 +344,10 @@ def main():
     n = (tok.numel() - 1) // T
     B = micro * world * gas
     warmup = min(a.warmup, a.steps - 1)
+    saver = Saver(a, trainer) if a.save_dir and a.save_interval > 0 else None
     t_start = t_steady = time.perf_counter()
     for s in range(a.steps):
+        t_step = time.perf_counter()
         if s == warmup:
             t_steady = time.perf_counter()
         total = 0.0
@@ -260,11 +357,15 @@ def main():
             y = torch.stack([tok[j * T + 1:j * T + T + 1] for j in idx])
             total += trainer.micro_step(x, y, k + 1 == gas, gas)
         trainer.step()
+        if saver:
+            saver.after_step(s + 1, time.perf_counter() - t_step)
         if (s + 1) % 10 == 0 or s + 1 == a.steps:
             mean = torch.tensor(total / gas)
             dist.all_reduce(mean)
             if rank == 0:
                 print("step %d loss %.4f" % (s + 1, mean.item() / world), flush=True)
+    if saver:
+        saver.finish()
     dist.barrier()
     end = time.perf_counter()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

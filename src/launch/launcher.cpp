@@ -31,7 +31,8 @@
 // NOTE [elastic hosts]: with --nnodes MIN:MAX (ssh launcher) a restart may leave hosts out.
 // After a failure, a host is lost when its node agent ended by a signal (an agent stopped by
 // the launcher exits with a status; a signal means something else killed it, or it hung past
-// the grace) or with ssh's 255 (unreachable), or when a probe of it (the remote-command
+// the grace; the launcher's own SIGTERM to an agent still starting, before its handler, does
+// not count) or with ssh's 255 (unreachable), or when a probe of it (the remote-command
 // template running `true`, all hosts at once, 15 s at most) fails. Lost hosts are dropped for
 // the rest of the job (a host that lost its agent is suspect; bringing it back is a new job),
 // the others are renumbered in hostfile order, and the job starts again on them at the world
@@ -399,8 +400,12 @@ int run_agents(const LaunchOptions& opts, const std::vector<HostSlots>& hosts,
   if (lost) {
     lost->assign(hosts.size(), "");
     for (size_t k = 0; outcome.exit_code != 0 && outcome.signal == 0 && k < hosts.size(); ++k) {
-      const ExitStatus& st = outcome.children.at(k).status;
-      if (!st.exited) {
+      const ChildEnd& end = outcome.children.at(k);
+      const ExitStatus& st = end.status;
+      // The launcher's own SIGTERM can reach an agent that has not yet set up its handler
+      // (it was still starting): that host is fine.
+      const bool our_sigterm = end.stopped && !st.exited && st.signal == SIGTERM;
+      if (!st.exited && !our_sigterm) {
         (*lost)[k] = "its node agent was " + st.describe();
       } else if (st.code == 255) {
         (*lost)[k] = "its node agent could not reach it (ssh's status 255)";
@@ -952,7 +957,8 @@ std::string failure_report(const RunOutcome& outcome) {
   return os.str();
 }
 
-int run_job(const LaunchOptions& opts) {
+int run_job(const LaunchOptions& given) {
+  LaunchOptions opts = given;
   set_log_rank(-1);
   if (!opts.log_level.empty()) {
     try {
@@ -1017,6 +1023,10 @@ int run_job(const LaunchOptions& opts) {
   if (kind == "slurm")
     return run_wrapped(opts, slurm_command(opts, hosts), comm::make_job_secret());
   if (opts.min_nodes != -1) {
+    // --elastic_training without --max_elastic_nodes: as many as the job starts with.
+    if (opts.max_nodes == -1) {
+      opts.max_nodes = std::max<int>(opts.min_nodes, static_cast<int>(hosts.size()));
+    }
     DSCPP_CHECK(kind == "ssh", LaunchError,
                 "--nnodes applies to --launcher ssh, but the launcher "
                 "is ",

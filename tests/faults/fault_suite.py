@@ -39,6 +39,7 @@ COMM_TIMEOUT_S = 4    # DSCPP_COMM_TIMEOUT for the stall cases
 STALL_BOUND_S = COMM_TIMEOUT_S + 10.0
 JOB_LIMIT_S = 90.0    # a job still running after this is a hang: killed, and the trial fails
 API_BOUND_S = COMM_TIMEOUT_S + 11.0  # a misused engine API: the whole job, start-up included
+HOST_LOST_BOUND_S = 30.0  # a host's death to the first step done on the hosts left, plus the load
 STRANGER_DELAY_S = 10.0  # a job with strangers at its master port takes at most this much longer
 
 
@@ -60,7 +61,7 @@ def check_ending(res, rc, hung, t_fault, t_end, bound):
 
 ALL_CASES = ["kill_" + p for p in PHASES] + ["kill_save_background"] + [
     "stop", "skip", "skip_tcp", "skip_tcp_debug", "save", "save_tcp", "save_tcp_debug", "wider",
-    "double", "nan_fp32", "nan_fp16", "corrupt", "disk", "eio", "nvme", "net_cut", "net_no_master", "stranger", "fuzz_configs",
+    "double", "nan_fp32", "nan_fp16", "corrupt", "disk", "eio", "nvme", "net_cut", "net_no_master", "net_host_lost", "stranger", "fuzz_configs",
     "libfuzzer"]
 
 
@@ -88,6 +89,8 @@ def case_title(case):
         return "network cut between 2 hosts", "timeout + 10 s"
     if case == "net_no_master":
         return "MASTER_ADDR never answers", "timeout + 10 s"
+    if case == "net_host_lost":
+        return "a host of 2 lost, the job goes on", "%.0f s + load" % HOST_LOST_BOUND_S
     if case == "stranger":
         return "a stranger at the master port", "job +%.0f s" % STRANGER_DELAY_S
     if case.startswith("nan_"):
@@ -805,6 +808,110 @@ class Suite:
             results.append(self.finish("network " + kind, t, res, out))
         return results
 
+    def host_lost_case(self, trials):
+        """Two network-namespace hosts, `dscpp launch --nnodes 1:2 --max_restarts 1`, `dscpp
+        train --resume` with a checkpoint every 2 steps. After a random step, every process of
+        the second host is killed (SIGKILL to all of its namespace's processes, node agent
+        included): the launcher must drop that host and start the job again on the first, which
+        resumes from the last checkpoint at the smaller world size and finishes. Checked: the
+        time from the kill to the first step done after the restart (within HOST_LOST_BOUND_S
+        plus the checkpoint's load time), the lost steps reported, and the final weights
+        byte-identical to resuming that checkpoint by hand on the first host alone."""
+        if self.net is None:
+            self.net = NetPair()
+        results = []
+        steps = 80  # long enough that the kill lands while the job trains
+        for t in range(trials):
+            stage = [0, 1, 2, 3][t % 4]
+            slots = 1 if self.args.quick or t % 2 == 0 else 2
+            trial_dir = tempfile.mkdtemp(prefix="host_lost_", dir=self.work)
+            hostfile = os.path.join(trial_dir, "hostfile")
+            self.net.hostfile(hostfile, slots)
+            port = self.next_port()
+            env = {"DSCPP_COMM_SHM": "off", "DSCPP_COMM_TIMEOUT": str(COMM_TIMEOUT_S),
+                   "DSCPP_RENDEZVOUS_TIMEOUT": str(COMM_TIMEOUT_S)}
+            after = self.rng.randint(3, 10)  # the kill follows the line of this step ...
+            delay = self.rng.uniform(0, 0.3)  # ... by this many seconds
+            what = "stage %d, %d ranks on each of 2 hosts, the second killed %.2f s after " \
+                "step %d" % (stage, slots, delay, after)
+            fault = {}
+
+            def watch(text, now):
+                if "t" not in fault:
+                    if len(re.findall(r"\] step +\d+/\d+ \| loss", text)) < after:
+                        return
+                    fault.setdefault("seen", now)
+                    if now - fault["seen"] >= delay:
+                        pids = subprocess.run(["ip", "netns", "pids", self.net.hosts[1]],
+                                              capture_output=True, text=True).stdout.split()
+                        fault["t"] = time.time()
+                        for pid in pids:
+                            try:
+                                os.kill(int(pid), signal.SIGKILL)
+                            except ProcessLookupError:
+                                pass
+                elif "again" not in fault:
+                    at = text.find("starting it again")
+                    if at >= 0 and re.search(r"\] step +\d+/\d+ \| loss", text[at:]):
+                        fault["again"] = now
+
+            program = self.train_program(trial_dir, stage, False, steps=steps, resume=True,
+                                         print_every=1)
+            argv = self.net.launch(self.dscpp, hostfile, self.net.addrs[0], port, program)
+            at = len(argv) - len(program)
+            argv[at:at] = ["--nnodes", "1:2", "--max_restarts", "1"]
+            rc, out, t_end, hung = self.run(argv, env, watch=watch)
+            res = {"what": what, "ok": True, "why": [], "exit_s": None, "left": [], "lost": 0}
+            if hung or rc != 0:
+                res["why"].append("the job did not finish (exit %s%s)" % (rc, ", hung" if hung
+                                                                          else ""))
+            if "t" not in fault:
+                res["why"].append("the fault did not fire")
+            if not re.search(r"host %s \(ranks? [\d-]+\) is lost: its node agent was killed" %
+                             re.escape(self.net.hosts[1]), out):
+                res["why"].append("the launcher did not report the second host lost")
+            resumed = re.search(r"resumed from (\S+) at step (\d+)(; steps \d+\.\.\d+ are "
+                                r"trained again: (\d+) step\(s\))?", out)
+            load = re.search(r"loaded checkpoint .* in ([\d.]+) s", out)
+            if not resumed:
+                res["why"].append("the restart did not resume from a checkpoint")
+            elif "again" in fault and "t" in fault:
+                res["exit_s"] = fault["again"] - fault["t"]
+                bound = HOST_LOST_BOUND_S + (float(load.group(1)) if load else 0)
+                if res["exit_s"] > bound:
+                    res["why"].append("training went on %.1f s after the host died (bound "
+                                      "%.1f s)" % (res["exit_s"], bound))
+                res["lost"] = 0  # steps trained again are expected; the table counts damage
+                what += "; %s step(s) trained again" % (resumed.group(4) or "0")
+            elif "t" in fault:
+                res["why"].append("no step was done after the restart")
+            if resumed and rc == 0 and not hung:
+                # The same checkpoint resumed by hand on the first host alone must end the same.
+                hand = os.path.join(trial_dir, "hand")
+                tag = os.path.basename(resumed.group(1).rstrip("/"))
+                os.makedirs(os.path.join(hand, "ckpt"))
+                shutil.copytree(resumed.group(1), os.path.join(hand, "ckpt", tag))
+                with open(os.path.join(hand, "ckpt", "latest"), "w") as f:
+                    f.write(tag + "\n")
+                one = os.path.join(hand, "hostfile")
+                with open(one, "w") as f:
+                    f.write("%s slots=%d\n" % (self.net.hosts[0], slots))
+                by_hand = self.train_program(hand, stage, False, steps=steps, resume=True)
+                rc2, out2, _, hung2 = self.run(self.net.launch(
+                    self.dscpp, one, self.net.addrs[0], self.next_port(), by_hand), env)
+                if rc2 != 0 or hung2:
+                    res["why"].append("resuming by hand failed: " + out2[-500:])
+                elif self.final_weights(os.path.join(hand, "ckpt")) != \
+                        self.final_weights(os.path.join(trial_dir, "ckpt")):
+                    res["why"].append("the final weights differ from resuming %s by hand" % tag)
+            res["left"] = self.leftovers(trial_dir, port, self.net.hosts)
+            if res["left"]:
+                res["why"].append("left behind: " + "; ".join(res["left"]))
+            res["what"] = what
+            shutil.rmtree(trial_dir, ignore_errors=True)
+            results.append(self.finish("net_host_lost", t, res, out))
+        return results
+
     def final_weights(self, save_dir):
         """(the tag `latest` names, a digest of every tensor of its rank files but the random
         generators' states): the weights and optimizer states. The global CPU generator is
@@ -1094,8 +1201,10 @@ class Suite:
                 results = self.fuzz_configs_case()
             elif case == "libfuzzer":
                 results = self.libfuzzer_case()
+            elif case == "net_host_lost":  # one trial in the quick mode, as the issue asks
+                results = self.host_lost_case(api_trials)
             elif case == "stranger":
-                results = self.stranger_case(trials)
+                results = self.stranger_case(api_trials)
             elif case.startswith("net_"):
                 results = self.net_case(case[len("net_"):], trials)
             elif case in ("corrupt", "disk"):

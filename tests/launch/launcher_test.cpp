@@ -736,7 +736,7 @@ TEST(LaunchProcess, NnodesDropsALostHostAndGoesOn) {
   EXPECT_TRUE(contains(r.err, "the job goes on without node-b: 1 host(s) left (node-a")) << dump(r);
   EXPECT_TRUE(contains(r.out, "start 1 rank 0 of 1 on node-a")) << dump(r);
   EXPECT_FALSE(contains(r.out, "start 1 rank 0 of 2")) << dump(r);
-  EXPECT_FALSE(contains(r.out, "on node-b\n[rank 0] start 1")) << dump(r);
+  EXPECT_FALSE(contains(r.out, "start 1 rank 1")) << dump(r);  // node-b is not started again
   EXPECT_FALSE(contains(r.out, "start 2")) << dump(r);
 
   // A rank that fails on a healthy host: both hosts start again.
@@ -776,6 +776,15 @@ TEST(LaunchProcess, NnodesDropsALostHostAndGoesOn) {
   EXPECT_TRUE(contains(launch({"--nnodes", "1:2", "--max_restarts", "1", "true"}).err,
                        "--nnodes applies to --launcher ssh"));
   EXPECT_TRUE(contains(launch({"--nnodes", "x", "true"}).err, "is not N or MIN:MAX"));
+  // DeepSpeed's spelling of the same range.
+  Result ds = job({"--elastic_training", "--min_elastic_nodes", "1", "--max_restarts", "1"},
+                  say +
+                      "if [ $DSCPP_RESTART_COUNT = 0 ] && [ $NODE = node-b ]; then kill -9 "
+                      "$PPID; sleep 5; fi; sleep 0.3");
+  EXPECT_EQ(ds.code, 0) << dump(ds);
+  EXPECT_TRUE(contains(ds.out, "start 1 rank 0 of 1 on node-a")) << dump(ds);
+  EXPECT_TRUE(
+      contains(launch({"--min_elastic_nodes", "1", "true"}).err, "need --elastic_training"));
 }
 
 // A rank logs an error, then prints more than the report's last lines: the error still shows,
