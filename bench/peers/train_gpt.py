@@ -232,6 +232,11 @@ class Saver:
         self.in_flight = {}      # save number -> step times while it was written
         self.free_steps = []     # step times with no save in flight (and no save in them)
         self.decoupled = a.system == "deepspeed" and a.save_mode == "async"
+        # async_save's thread runs collectives of its own while training runs FSDP2's: on the
+        # training's process group they interleave and hang, so it gets a group of its own (as
+        # PyTorch's documentation of async_save advises).
+        self.save_group = dist.new_group(backend="gloo") if a.save_mode == "async" and \
+            a.system != "deepspeed" else None
 
     def _state(self):
         from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -275,7 +280,8 @@ class Saver:
             dcp.save(self._state(), checkpoint_id=path)
         else:
             import torch.distributed.checkpoint as dcp
-            fut = dcp.async_save(self._state(), checkpoint_id=path)
+            fut = dcp.async_save(self._state(), checkpoint_id=path,
+                                 process_group=self.save_group)
             fut = getattr(fut, "upload_completion", fut)  # an AsyncSaveResponse in newer torch
             self.pending = (n, fut)
             self.in_flight[n] = []
@@ -325,6 +331,11 @@ def main():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         if a.save_mode == "async":  # DeepSpeed's background save, as dscpp's config asks for it
             cfg.setdefault("checkpoint", {})["writer"] = {"decoupled": True}
+        # What DeepSpeed's own launcher sets and its checkpoint writers read (one node here).
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        os.environ.setdefault("LOCAL_SIZE", str(local))
+        os.environ.setdefault("CROSS_SIZE", str(int(os.environ.get("WORLD_SIZE", "1")) // local))
+        os.environ.setdefault("CROSS_RANK", str(int(os.environ.get("RANK", "0")) // local))
     else:
         dist.init_process_group("gloo")
     torch.manual_seed(1234)
