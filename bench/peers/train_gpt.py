@@ -231,6 +231,7 @@ class Saver:
         self.blocked = []        # seconds each save call blocked the training thread
         self.in_flight = {}      # save number -> step times while it was written
         self.free_steps = []     # step times with no save in flight (and no save in them)
+        self.waited = {}         # save number -> seconds the next save waited for it to end
         self.decoupled = a.system == "deepspeed" and a.save_mode == "async"
         # async_save's thread runs collectives of its own while training runs FSDP2's: on the
         # training's process group they interleave and hang, so it gets a group of its own (as
@@ -266,10 +267,13 @@ class Saver:
             return
         n = len(self.blocked)
         path = os.path.join(self.a.save_dir, "step%d" % step)
-        t0 = time.perf_counter()
         if self.pending is not None and self.pending[1] is not None:  # one at a time, as dscpp
+            t_wait = time.perf_counter()
             self.pending[1].result()
+            # The wait is the earlier save's cost, not this one's.
+            self.waited[self.pending[0]] = time.perf_counter() - t_wait
         self.pending = None
+        t0 = time.perf_counter()
         if self.a.system == "deepspeed":
             self.trainer.engine.save_checkpoint(self.a.save_dir, tag="step%d" % step)
             if self.decoupled:
@@ -300,7 +304,8 @@ class Saver:
         import statistics
         sync = statistics.mean(self.blocked[1:] or self.blocked)
         base = statistics.median(self.free_steps) if self.free_steps else 0.0
-        stalls = [self.blocked[n] + sum(w - base for w in self.in_flight.get(n, []))
+        stalls = [self.blocked[n] + self.waited.get(n, 0.0) +
+                  sum(w - base for w in self.in_flight.get(n, []))
                   for n in range(max(1, len(self.blocked) - 1))]
         print("saves: sync %.3f s, stall %.3f s (%s)" % (sync, statistics.mean(stalls),
                                                         self.a.save_mode), flush=True)

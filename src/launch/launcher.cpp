@@ -29,11 +29,12 @@
 // --resume` loads D/latest and says how many steps were trained again.
 //
 // NOTE [elastic hosts]: with --nnodes MIN:MAX (ssh launcher) a restart may leave hosts out.
-// After a failure, a host is lost when its node agent ended by a signal (an agent stopped by
-// the launcher exits with a status; a signal means something else killed it, or it hung past
-// the grace; the launcher's own SIGTERM to an agent still starting, before its handler, does
-// not count) or with ssh's 255 (unreachable), or when a probe of it (the remote-command
-// template running `true`, all hosts at once, 15 s at most) fails. Lost hosts are dropped for
+// After a failure, a host is lost when its node agent died by a signal before the launcher
+// began to stop the job (something killed it), or when a probe of it (the remote-command
+// template running `true`, all hosts at once, 15 s at most; ssh's 255 for a host it cannot
+// reach) fails. Every host but the first kind is probed: how an agent the launcher stopped
+// ended says nothing (ssh exits 255 on SIGTERM, a slow agent is SIGKILLed after the grace), and
+// a 255 may be a rank's own exit status. Lost hosts are dropped for
 // the rest of the job (a host that lost its agent is suspect; bringing it back is a new job),
 // the others are renumbered in hostfile order, and the job starts again on them at the world
 // size they give, while at least MIN remain. Rank 0 runs on the first remaining host; its
@@ -46,6 +47,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -398,17 +400,15 @@ int run_agents(const LaunchOptions& opts, const std::vector<HostSlots>& hosts,
     DSCPP_LOG_INFO("all {} ranks on {} hosts exited with status 0", world, hosts.size());
   }
   if (lost) {
+    // Only an agent that ended by a signal on its own, before the launcher stopped anything, is
+    // lost for certain. Every other host is probed (hosts_after_failure): an agent the launcher
+    // stopped may end any way (ssh exits 255 on SIGTERM; a slow agent is SIGKILLed after the
+    // grace), and a status of 255 may be ssh's "unreachable" or a rank's own exit(255).
     lost->assign(hosts.size(), "");
     for (size_t k = 0; outcome.exit_code != 0 && outcome.signal == 0 && k < hosts.size(); ++k) {
       const ChildEnd& end = outcome.children.at(k);
-      const ExitStatus& st = end.status;
-      // The launcher's own SIGTERM can reach an agent that has not yet set up its handler
-      // (it was still starting): that host is fine.
-      const bool our_sigterm = end.stopped && !st.exited && st.signal == SIGTERM;
-      if (!st.exited && !our_sigterm) {
-        (*lost)[k] = "its node agent was " + st.describe();
-      } else if (st.code == 255) {
-        (*lost)[k] = "its node agent could not reach it (ssh's status 255)";
+      if (!end.stopped && !end.status.exited) {
+        (*lost)[k] = "its node agent was " + end.status.describe();
       }
     }
   }
@@ -426,14 +426,17 @@ std::vector<std::string> probe_hosts(const std::string& tmpl, const std::vector<
     if (!skip[k].empty()) continue;
     const std::string cmd =
         "exec " + expand_remote_cmd(tmpl, hosts[k].host, {"true"}) + " </dev/null >/dev/null 2>&1";
+    const pid_t parent = ::getpid();
     pid_t pid = ::fork();
     if (pid == 0) {
       ::setpgid(0, 0);
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a launcher killed while probing takes it along
+      if (::getppid() != parent) ::_exit(1);
       ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
-    if (pid < 0) {
-      why[k] = std::string("cannot start a probe: ") + std::strerror(errno);
+    if (pid < 0) {  // this machine's trouble, not the host's: keep the host
+      DSCPP_LOG_WARN("cannot probe {}: {}; keeping it", hosts[k].host, std::strerror(errno));
       continue;
     }
     pids[k] = pid;
@@ -675,7 +678,10 @@ std::string choose_launcher(const LaunchOptions& opts, const std::vector<HostSlo
 
 std::string resolve_master_addr(const LaunchOptions& opts, const std::vector<HostSlots>& hosts) {
   if (!opts.master_addr.empty()) return opts.master_addr;
-  if (hosts.empty() || is_local_host(hosts[0].host)) return "127.0.0.1";
+  // 127.0.0.1 only when every rank runs here: ranks on other hosts could not reach it.
+  bool all_here = true;
+  for (const auto& h : hosts) all_here &= is_local_host(h.host);
+  if (hosts.empty() || (is_local_host(hosts[0].host) && all_here)) return "127.0.0.1";
   return hosts[0].host;
 }
 
@@ -1022,6 +1028,14 @@ int run_job(const LaunchOptions& given) {
   }
   if (kind == "slurm")
     return run_wrapped(opts, slurm_command(opts, hosts), comm::make_job_secret());
+  if (opts.min_nodes != -1 && opts.min_nodes == opts.max_nodes) {
+    // --nnodes N (torchrun's habit, e.g. --nnodes 1): a check of the host count, not elastic.
+    DSCPP_CHECK(static_cast<int>(hosts.size()) == opts.min_nodes, LaunchError, "--nnodes ",
+                opts.min_nodes, " but the job has ", hosts.size(),
+                " host(s) (hostfile, --include/--exclude, --num_nodes). HINT: give --nnodes "
+                "MIN:MAX to let the job go on with fewer hosts");
+    opts.min_nodes = opts.max_nodes = -1;
+  }
   if (opts.min_nodes != -1) {
     // --elastic_training without --max_elastic_nodes: as many as the job starts with.
     if (opts.max_nodes == -1) {

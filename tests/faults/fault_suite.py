@@ -812,7 +812,9 @@ class Suite:
         """Two network-namespace hosts, `dscpp launch --nnodes 1:2 --max_restarts 1`, `dscpp
         train --resume` with a checkpoint every 2 steps. After a random step, every process of
         the second host is killed (SIGKILL to all of its namespace's processes, node agent
-        included): the launcher must drop that host and start the job again on the first, which
+        included) and the host is gone: from then on the remote-command template exits 255 for
+        it, as ssh does for a host it cannot reach (the namespace itself stays, for the next
+        trial). The launcher must drop that host and start the job again on the first, which
         resumes from the last checkpoint at the smaller world size and finishes. Checked: the
         time from the kill to the first step done after the restart (within HOST_LOST_BOUND_S
         plus the checkpoint's load time), the lost steps reported, and the final weights
@@ -844,6 +846,7 @@ class Suite:
                     if now - fault["seen"] >= delay:
                         pids = subprocess.run(["ip", "netns", "pids", self.net.hosts[1]],
                                               capture_output=True, text=True).stdout.split()
+                        open(os.path.join(trial_dir, "gone_" + self.net.hosts[1]), "w").close()
                         fault["t"] = time.time()
                         for pid in pids:
                             try:
@@ -858,6 +861,10 @@ class Suite:
             program = self.train_program(trial_dir, stage, False, steps=steps, resume=True,
                                          print_every=1)
             argv = self.net.launch(self.dscpp, hostfile, self.net.addrs[0], port, program)
+            # A host that is gone answers nothing: its template exits 255, as ssh would.
+            argv[argv.index("--remote_cmd") + 1] = \
+                "sh -c 'test -e %s/gone_{host} && exit 255; exec ip netns exec {host} \"$@\"' " \
+                "agent {command}" % trial_dir
             at = len(argv) - len(program)
             argv[at:at] = ["--nnodes", "1:2", "--max_restarts", "1"]
             rc, out, t_end, hung = self.run(argv, env, watch=watch)
@@ -867,7 +874,8 @@ class Suite:
                                                                           else ""))
             if "t" not in fault:
                 res["why"].append("the fault did not fire")
-            if not re.search(r"host %s \(ranks? [\d-]+\) is lost: its node agent was killed" %
+            if not re.search(r"host %s \(ranks? [\d-]+\) is lost: (its node agent was killed|a "
+                             r"probe of it, .* exited with status 255)" %
                              re.escape(self.net.hosts[1]), out):
                 res["why"].append("the launcher did not report the second host lost")
             resumed = re.search(r"resumed from (\S+) at step (\d+)(; steps \d+\.\.\d+ are "

@@ -761,12 +761,17 @@ TEST(LaunchProcess, NnodesDropsALostHostAndGoesOn) {
   EXPECT_TRUE(contains(probed.err, "exited with status 7")) << dump(probed);
   EXPECT_TRUE(contains(probed.out, "start 1 rank 0 of 1 on node-a")) << dump(probed);
 
-  // --nnodes 2:2: a lost host ends the job.
-  Result strict = job({"--nnodes", "2", "--max_restarts", "2"},
+  // --nnodes 2:3: a lost host of two ends the job.
+  Result strict = job({"--nnodes", "2:3", "--max_restarts", "2"},
                       say + "if [ $NODE = node-b ]; then kill -9 $PPID; sleep 5; fi; sleep 0.3");
   EXPECT_NE(strict.code, 0) << dump(strict);
-  EXPECT_TRUE(contains(strict.err, "the 1 left are fewer than --nnodes 2:2 allows; giving up"))
+  EXPECT_TRUE(contains(strict.err, "the 1 left are fewer than --nnodes 2:3 allows; giving up"))
       << dump(strict);
+
+  // --nnodes N (torchrun's habit) only checks the number of hosts, with any launcher.
+  EXPECT_EQ(job({"--nnodes", "2"}, "true").code, 0);
+  EXPECT_EQ(launch({"--nnodes", "1", "true"}).code, 0);
+  EXPECT_TRUE(contains(job({"--nnodes", "3"}, "true").err, "--nnodes 3 but the job has 2 host(s)"));
 
   // Bad combinations are refused before anything starts.
   EXPECT_TRUE(contains(job({"--nnodes", "1:2"}, "true").err,
