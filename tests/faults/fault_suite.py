@@ -150,6 +150,14 @@ class NetPair:
                 self.ip("-n", h, "link", "set", l, "up")
                 self.ip("-n", h, "neigh", "add", self.silent, "lladdr", "02:00:00:00:00:09",
                         "dev", l, "nud", "permanent")
+            # Inside the namespaces the host names resolve to their addresses (`ip netns exec`
+            # bind-mounts /etc/netns/NAME/hosts over /etc/hosts), as a cluster's DNS would: a job
+            # without --master_addr uses the first host's name.
+            for h in self.hosts:
+                os.makedirs("/etc/netns/" + h, exist_ok=True)
+                with open("/etc/netns/%s/hosts" % h, "w") as f:
+                    f.write("127.0.0.1 localhost\n" + "".join(
+                        "%s %s\n" % (a, n) for a, n in zip(self.addrs, self.hosts)))
         except Exception:
             self.close()
             raise
@@ -176,6 +184,7 @@ class NetPair:
     def close(self):
         for h in self.hosts:
             subprocess.run(["ip", "netns", "del", h], capture_output=True)
+            shutil.rmtree("/etc/netns/" + h, ignore_errors=True)
 
 
 class Suite:
@@ -811,7 +820,9 @@ class Suite:
     def host_lost_case(self, trials):
         """Two network-namespace hosts, `dscpp launch --nnodes 1:2 --max_restarts 1`, `dscpp
         train --resume` with a checkpoint every 2 steps. After a random step, every process of
-        the second host is killed (SIGKILL to all of its namespace's processes, node agent
+        one host (the first, rank 0's and the master's, in trials 0-1 of every 4, without
+        --master_addr, so the first host's name is the master and the host left becomes it;
+        the second in trials 2-3) is killed (SIGKILL to all of its namespace's processes, node agent
         included) and the host is gone: from then on the remote-command template exits 255 for
         it, as ssh does for a host it cannot reach (the namespace itself stays, for the next
         trial). The launcher must drop that host and start the job again on the first, which
@@ -834,8 +845,11 @@ class Suite:
                    "DSCPP_RENDEZVOUS_TIMEOUT": str(COMM_TIMEOUT_S)}
             after = self.rng.randint(3, 10)  # the kill follows the line of this step ...
             delay = self.rng.uniform(0, 0.3)  # ... by this many seconds
-            what = "stage %d, %d ranks on each of 2 hosts, the second killed %.2f s after " \
-                "step %d" % (stage, slots, delay, after)
+            lose = (t // 2) % 2  # the host killed: 0 is rank 0's (and the master's)
+            gone, kept = self.net.hosts[lose], self.net.hosts[1 - lose]
+            what = "stage %d, %d ranks on each of 2 hosts, %s killed %.2f s after step %d" % (
+                stage, slots, "the first (the master's)" if lose == 0 else "the second", delay,
+                after)
             fault = {}
 
             def watch(text, now):
@@ -844,9 +858,9 @@ class Suite:
                         return
                     fault.setdefault("seen", now)
                     if now - fault["seen"] >= delay:
-                        pids = subprocess.run(["ip", "netns", "pids", self.net.hosts[1]],
+                        pids = subprocess.run(["ip", "netns", "pids", gone],
                                               capture_output=True, text=True).stdout.split()
-                        open(os.path.join(trial_dir, "gone_" + self.net.hosts[1]), "w").close()
+                        open(os.path.join(trial_dir, "gone_" + gone), "w").close()
                         fault["t"] = time.time()
                         for pid in pids:
                             try:
@@ -861,6 +875,9 @@ class Suite:
             program = self.train_program(trial_dir, stage, False, steps=steps, resume=True,
                                          print_every=1)
             argv = self.net.launch(self.dscpp, hostfile, self.net.addrs[0], port, program)
+            if lose == 0:  # the master is the first host's name, so it can move
+                at = argv.index("--master_addr")
+                del argv[at:at + 2]
             # A host that is gone answers nothing: its template exits 255, as ssh would.
             argv[argv.index("--remote_cmd") + 1] = \
                 "sh -c 'test -e %s/gone_{host} && exit 255; exec ip netns exec {host} \"$@\"' " \
@@ -876,8 +893,8 @@ class Suite:
                 res["why"].append("the fault did not fire")
             if not re.search(r"host %s \(ranks? [\d-]+\) is lost: (its node agent was killed|a "
                              r"probe of it, .* exited with status 255)" %
-                             re.escape(self.net.hosts[1]), out):
-                res["why"].append("the launcher did not report the second host lost")
+                             re.escape(gone), out):
+                res["why"].append("the launcher did not report %s lost" % gone)
             resumed = re.search(r"resumed from (\S+) at step (\d+)(; steps \d+\.\.\d+ are "
                                 r"trained again: (\d+) step\(s\))?", out)
             load = re.search(r"loaded checkpoint .* in ([\d.]+) s", out)
@@ -894,7 +911,7 @@ class Suite:
             elif "t" in fault:
                 res["why"].append("no step was done after the restart")
             if resumed and rc == 0 and not hung:
-                # The same checkpoint resumed by hand on the first host alone must end the same.
+                # The same checkpoint resumed by hand on the host left alone must end the same.
                 hand = os.path.join(trial_dir, "hand")
                 tag = os.path.basename(resumed.group(1).rstrip("/"))
                 os.makedirs(os.path.join(hand, "ckpt"))
@@ -903,10 +920,10 @@ class Suite:
                     f.write(tag + "\n")
                 one = os.path.join(hand, "hostfile")
                 with open(one, "w") as f:
-                    f.write("%s slots=%d\n" % (self.net.hosts[0], slots))
+                    f.write("%s slots=%d\n" % (kept, slots))
                 by_hand = self.train_program(hand, stage, False, steps=steps, resume=True)
                 rc2, out2, _, hung2 = self.run(self.net.launch(
-                    self.dscpp, one, self.net.addrs[0], self.next_port(), by_hand), env)
+                    self.dscpp, one, self.net.addrs[1 - lose], self.next_port(), by_hand), env)
                 if rc2 != 0 or hung2:
                     res["why"].append("resuming by hand failed: " + out2[-500:])
                 elif self.final_weights(os.path.join(hand, "ckpt")) != \
