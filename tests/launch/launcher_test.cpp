@@ -989,11 +989,12 @@ TEST(LaunchProcess, OpenmpiTwoProcesses) {
   if (access("/usr/bin/mpirun", X_OK) != 0) GTEST_SKIP() << "mpirun is not installed";
   Result r = launch({"--launcher", "openmpi", "--num_procs", "2", "sh", "-c",
                      "echo ompi-rank=$OMPI_COMM_WORLD_RANK size=$OMPI_COMM_WORLD_SIZE "
-                     "master=$MASTER_ADDR:$MASTER_PORT"},
+                     "master=$MASTER_ADDR:$MASTER_PORT secret=${#DSCPP_RENDEZVOUS_SECRET}"},
                     {}, 60);
   ASSERT_EQ(r.code, 0) << dump(r);
-  EXPECT_TRUE(contains(r.out, "ompi-rank=0 size=2 master=127.0.0.1:29500\n")) << dump(r);
-  EXPECT_TRUE(contains(r.out, "ompi-rank=1 size=2 master=127.0.0.1:29500\n")) << dump(r);
+  // Both ranks hold the job's secret (64 hex digits), passed by name with mpirun's -x.
+  EXPECT_TRUE(contains(r.out, "ompi-rank=0 size=2 master=127.0.0.1:29500 secret=64\n")) << dump(r);
+  EXPECT_TRUE(contains(r.out, "ompi-rank=1 size=2 master=127.0.0.1:29500 secret=64\n")) << dump(r);
   EXPECT_TRUE(contains(r.err, "running: mpirun -np 2 --host localhost:2")) << dump(r);
 }
 
