@@ -115,7 +115,8 @@ class Communicator {
 };
 
 // Joins the job described by the environment (dscpp launch, mpirun or srun; see
-// process_env.h): rendezvous over a TCPStore at MASTER_ADDR:MASTER_PORT, then a Gloo or NCCL
+// process_env.h): rendezvous at MASTER_ADDR:MASTER_PORT (rank 0's store, which admits only
+// ranks holding the job's secret; docs/launch.md, "Who can join a job"), then a Gloo or NCCL
 // process group. Throws CommError naming the address, port and time waited when the master cannot
 // be reached, the port is taken, or not every rank joined (naming the missing ranks).
 std::shared_ptr<Communicator> init_from_env(const CommOptions& options = CommOptions());

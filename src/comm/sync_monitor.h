@@ -14,8 +14,9 @@
 // they never entered, or the ranks that did not answer at all (dead, or hung outside dscpp).
 // Every rank that times out builds the same table, so each surviving rank reports it.
 //
-// The store is served by rank 0, and a store call to a stopped rank 0 blocks in the socket with
-// no timeout (libtorch's TCPStore client, 1.13 and 2.x alike). So no store call runs on a thread that must
+// The store is served by rank 0, and a store call to a stopped rank 0 blocks in the socket until
+// the store's own limit (the rendezvous timeout, 300 s by default, plus a grace; StoreClient),
+// far beyond a report's wait. So no store call runs on a thread that must
 // finish: the watcher and each report's exchange own their state through a shared pointer, the
 // reporter waits for the exchange at most kAnswerWait + kStoreGrace (then reports that the
 // store did not answer, naming rank 0), and the destructor leaves a watcher stuck in the store
@@ -61,7 +62,7 @@ class SyncMonitor {
   static constexpr std::chrono::milliseconds kStoreGrace{1000};
 
   // `store` must be usable from the watcher thread concurrently with other users (a dedicated
-  // TCPStore client, or a thread-safe HashStore in tests). Keys live under `prefix`.
+  // StoreClient connection, or a thread-safe HashStore in tests). Keys live under `prefix`.
   SyncMonitor(c10::intrusive_ptr<c10d::Store> store, std::string prefix, int rank, int world_size);
   ~SyncMonitor();
   SyncMonitor(const SyncMonitor&) = delete;
