@@ -1,7 +1,6 @@
 // Implements the job secret's making and reading (job_secret.h).
 #include "comm/job_secret.h"
 
-#include <sys/random.h>
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -10,22 +9,15 @@
 #include <cstring>
 #include <fstream>
 
+#include "comm/store_wire.h"
 #include "dscpp/error.h"
-#include "util/sha256.h"
+#include "util/strings.h"
 
 namespace dscpp::comm {
 
 std::string make_job_secret() {
-  uint8_t bytes[32];
-  size_t got = 0;
-  while (got < sizeof(bytes)) {
-    ssize_t r = ::getrandom(bytes + got, sizeof(bytes) - got, 0);
-    if (r < 0 && errno == EINTR) continue;
-    DSCPP_CHECK(r > 0, LaunchError, "cannot make the job's rendezvous secret: getrandom failed: ",
-                std::strerror(errno));
-    got += static_cast<size_t>(r);
-  }
-  return to_hex(bytes, sizeof(bytes));
+  const wire::Nonce bytes = wire::random_nonce();  // 32 bytes from the kernel
+  return to_hex(bytes.data(), bytes.size());
 }
 
 void check_secret(const std::string& secret, const std::string& from) {

@@ -64,6 +64,7 @@
 #include "comm/job_secret.h"
 #include "dscpp/error.h"
 #include "util/log.h"
+#include "util/strings.h"
 
 extern char** environ;
 
@@ -846,13 +847,7 @@ std::string expand_remote_cmd(const std::string& tmpl, const std::string& host,
 
 std::string encode_remote_word(const std::string& word) {
   if (is_safe_word(word) && !starts_with(word, kEncodedPrefix)) return word;
-  static const char* kHex = "0123456789abcdef";
-  std::string out = kEncodedPrefix;
-  for (unsigned char c : word) {
-    out += kHex[c >> 4];
-    out += kHex[c & 15];
-  }
-  return out;
+  return kEncodedPrefix + to_hex(word.data(), word.size());
 }
 
 std::string decode_remote_word(const std::string& word) {

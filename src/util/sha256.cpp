@@ -131,15 +131,4 @@ bool digests_equal(const Sha256Digest& a, const Sha256Digest& b) {
   return diff == 0;
 }
 
-std::string to_hex(const uint8_t* data, size_t n) {
-  static const char* kDigits = "0123456789abcdef";
-  std::string out;
-  out.reserve(2 * n);
-  for (size_t i = 0; i < n; ++i) {
-    out.push_back(kDigits[data[i] >> 4]);
-    out.push_back(kDigits[data[i] & 15]);
-  }
-  return out;
-}
-
 }  // namespace dscpp

@@ -36,6 +36,4 @@ Sha256Digest hmac_sha256(const std::string& key, const std::string& message);
 // Compares two digests in time independent of where they differ.
 bool digests_equal(const Sha256Digest& a, const Sha256Digest& b);
 
-std::string to_hex(const uint8_t* data, size_t n);
-
 }  // namespace dscpp

@@ -86,4 +86,16 @@ std::string nearest_match(std::string_view word, const std::vector<std::string>&
   return best;
 }
 
+std::string to_hex(const void* data, std::size_t n) {
+  static const char* kDigits = "0123456789abcdef";
+  const auto* p = static_cast<const unsigned char*>(data);
+  std::string out;
+  out.reserve(2 * n);
+  for (std::size_t i = 0; i < n; ++i) {
+    out.push_back(kDigits[p[i] >> 4]);
+    out.push_back(kDigits[p[i] & 15]);
+  }
+  return out;
+}
+
 }  // namespace dscpp

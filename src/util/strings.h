@@ -24,6 +24,9 @@ std::vector<std::string> split(std::string_view s, char sep);
 // parts joined with sep between them.
 std::string join(const std::vector<std::string>& parts, std::string_view sep);
 
+// Lower-case hexadecimal, two digits per byte.
+std::string to_hex(const void* data, std::size_t n);
+
 // Optimal-string-alignment Damerau-Levenshtein distance: insertions, deletions,
 // substitutions and transpositions of adjacent characters each cost 1
 // ("pin_memroy" -> "pin_memory" is 1). Case-sensitive; O(|a| * |b|).

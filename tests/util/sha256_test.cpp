@@ -7,6 +7,8 @@
 
 #include <string>
 
+#include "util/strings.h"
+
 namespace dscpp {
 namespace {
 
