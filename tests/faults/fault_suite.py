@@ -207,7 +207,23 @@ class Suite:
     # Running a job
 
     def next_port(self):
-        """A port nothing listens on now (the kernel's choice), so trials never collide."""
+        """A port nothing holds now, at random below the kernel's ephemeral range: a port from
+        that range can be taken as the local end of an outgoing connection (a rank's Gloo
+        connections, a test running beside the suite) between this choice and the rank 0's
+        bind. The kernel's choice where the range leaves no room below it."""
+        try:
+            with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+                low = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            low = 32768
+        for _ in range(1000 if low > 11000 else 0):
+            port = random.randrange(10000, low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind(("0.0.0.0", port))
+                    return port
+                except OSError:
+                    continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind(("127.0.0.1", 0))
             return sock.getsockname()[1]
