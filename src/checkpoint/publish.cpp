@@ -2,6 +2,7 @@
 #include "checkpoint/publish.h"
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "checkpoint/verify.h"
@@ -34,6 +35,19 @@ SaveFolder begin_save(const std::string& dir, const std::string& tag, io::FileSy
   }
   fs.create_dirs(out.path);
   return out;
+}
+
+void clear_other_world_sizes(const std::string& folder, int world_size, io::FileSystem* fsp) {
+  io::FileSystem& fs = io::resolve(fsp);
+  for (const std::string& name : fs.list_dir(folder)) {
+    int rank = -1, world = -1, end = 0;
+    if (std::sscanf(name.c_str(), "rank%5d-of-%5d.safetensors%n", &rank, &world, &end) != 2 ||
+        end == 0 || world == world_size || name.substr(0, end) != rank_file_name(rank, world)) {
+      continue;
+    }
+    const std::string rest = name.substr(end);
+    if (rest.empty() || rest.rfind(".tmp.", 0) == 0) fs.remove_file(folder + "/" + name);
+  }
 }
 
 void publish(const std::string& dir, const Manifest& m, io::FileSystem* fsp) {

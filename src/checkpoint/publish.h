@@ -34,6 +34,14 @@ struct SaveFolder {
 // the folder cannot be made.
 SaveFolder begin_save(const std::string& dir, const std::string& tag, io::FileSystem* fs = nullptr);
 
+// Removes from `folder` the rank files of a save at another world size than `world_size`, and
+// their temporary files (NAME.tmp.PID.N, left by a writer that was killed): a job restarted on
+// fewer hosts saves the same tag again under other names, and nobody writes those any more.
+// Files of this world size are left to their writers (each clears its own temporary files).
+// Call it on one rank, after begin_save.
+void clear_other_world_sizes(const std::string& folder, int world_size,
+                             io::FileSystem* fs = nullptr);
+
 // Completes a save once every file `m` lists is durable: writes DIR/TAG/manifest.json, then
 // replaces DIR/latest with the tag, each atomically (temporary file, fsync, rename, directory
 // fsync). If it throws (IoError), `latest` still names the previous checkpoint.

@@ -287,6 +287,7 @@ std::string EngineImpl::save_checkpoint(const std::string& dir, const std::strin
           "whose update of latest was cut off, or an earlier run's)",
           save.folder, dir);
     }
+    if (rank == 0) checkpoint::clear_other_world_sizes(save.folder, world, file_system_);
     if (background) save.live = std::make_unique<checkpoint::LiveSnapshot>();
     auto write = [path = save.folder + "/" + checkpoint::rank_file_name(rank, world),
                   tensors = checkpoint_tensors(save.live.get()), fs = file_system_,

@@ -212,5 +212,22 @@ TEST(CheckpointPublish, TagsAreFolderNamesAndTheCompleteOneLatestNamesIsNeverOve
   EXPECT_NE(error_of<IoError>([&] { begin_save(tmp.path() + "/file", "t"); }), "");
 }
 
+TEST(CheckpointPublish, ASaveAtANewWorldSizeClearsTheOldWorldSizesFilesOnly) {
+  // A job restarted on fewer hosts saves global_step14 again: the files of the 2-rank save (one
+  // of them a killed writer's temporary file) go; this world size's and anything else stay.
+  testing::TempDir tmp("dscpp_ckpt");
+  const std::string folder = begin_save(tmp.path(), "global_step14").path;
+  const std::vector<std::string> gone = {"rank00000-of-00002.safetensors.tmp.15028.18",
+                                         "rank00001-of-00002.safetensors"};
+  const std::vector<std::string> kept = {"rank00000-of-00001.safetensors.tmp.77.0",
+                                         "rank00000-of-00001.safetensors", "notes.txt",
+                                         "rank00001-of-00002.safetensors.bak", "rank1-of-2.safetensors"};
+  for (const auto& name : gone) std::ofstream(folder + "/" + name) << "x";
+  for (const auto& name : kept) std::ofstream(folder + "/" + name) << "x";
+  clear_other_world_sizes(folder, 1);
+  for (const auto& name : gone) EXPECT_FALSE(std::filesystem::exists(folder + "/" + name)) << name;
+  for (const auto& name : kept) EXPECT_TRUE(std::filesystem::exists(folder + "/" + name)) << name;
+}
+
 }  // namespace
 }  // namespace dscpp::checkpoint
