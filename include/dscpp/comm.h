@@ -64,6 +64,15 @@ struct CommOptions {
   // Bytes of one rank's slot in the segment (the segment is 2 x world size x this). A collective
   // larger than a slot runs in pieces.
   int64_t shm_slot_bytes = int64_t{4} << 20;
+  // Ranks on several hosts with several on each (H hosts of R consecutive ranks): "auto" carries
+  // collectives on CPU tensors through shared memory inside each host and Gloo between hosts
+  // (NOTE [hierarchical collectives] in src/comm/hierarchy.h); "off" keeps them on flat Gloo.
+  // Needs shm not "off". Env DSCPP_COMM_HIERARCHY overrides.
+  std::string hierarchy = "auto";
+  // The host this rank runs on as the collectives tell hosts apart; ranks with the same value
+  // share memory. Empty: the host name and kernel boot id. Env DSCPP_HOST_ID overrides (ranks in
+  // containers that share a kernel but not /dev/shm, or hosts simulated with network namespaces).
+  std::string host;
 
   // Defaults, then the config's comms_logger section, then the environment variables above.
   static CommOptions from_config(const Config* config = nullptr);

@@ -117,7 +117,8 @@ C10dCommunicator::C10dCommunicator(c10::intrusive_ptr<c10d::Backend> backend,
                                    std::string backend_name,
                                    c10::intrusive_ptr<c10d::Store> monitor_store,
                                    std::string prefix, int rank, int world_size,
-                                   CommOptions options, std::unique_ptr<ShmGroup> shm)
+                                   CommOptions options, std::unique_ptr<HostCollectives> host,
+                                   std::vector<std::string> hosts)
     : backend_(std::move(backend)),
       backend_name_(std::move(backend_name)),
       rank_(rank),
@@ -126,7 +127,9 @@ C10dCommunicator::C10dCommunicator(c10::intrusive_ptr<c10d::Backend> backend,
       monitor_(std::move(monitor_store), prefix + "/sync", rank, world_size),
       logger_(options_.comms_logger, world_size),
       native_flat_(backend_name_ == "nccl"),
-      shm_(std::move(shm)) {
+      host_(std::move(host)),
+      hosts_(std::move(hosts)) {
+  for (const auto& h : hosts_) spans_hosts_ = spans_hosts_ || h != hosts_[0];
   worker_ = std::thread([this] { run_loop(); });
 }
 
@@ -185,9 +188,20 @@ void C10dCommunicator::run_task(Task& task) {
   try {
     if (task.collective && options_.debug_sync)
       check_same_op_everywhere(task.seq, task.desc, task.step);
+    traffic_ = {};
+    traffic_.counted = !native_flat_;
     auto pending = task.body(task.seq);
     if (task.collective) monitor_.on_complete(task.seq);
-    if (!pending) logger_.record(task.desc, task.desc.bytes(), std::chrono::steady_clock::now() - t0);
+    if (!pending) {
+      Traffic t = traffic_;
+      if (host_) {
+        Traffic h = host_->take_traffic();
+        t.own_host += h.own_host;
+        t.other_hosts += h.other_hosts;
+        t.counted = t.counted && h.counted;
+      }
+      logger_.record(task.desc, task.desc.bytes(), std::chrono::steady_clock::now() - t0, t);
+    }
     task.state->finish(nullptr, std::move(pending));
     return;
   } catch (const CollectiveMismatch&) {
@@ -228,9 +242,12 @@ void C10dCommunicator::wait_c10d(const c10::intrusive_ptr<c10d::Work>& work) {
   DSCPP_CHECK(ok, CommTimeout, "the backend did not finish within the timeout");
 }
 
-int C10dCommunicator::ring_tag_base(int64_t seq) const {
-  // Point-to-point tags 0..4095 are for user send/recv; each collective gets its own 4096 tags.
-  return static_cast<int>((seq % (1 << 18)) + 1) * 4096;
+RingContext C10dCommunicator::ring(int64_t seq) {
+  RingContext ctx{*backend_, rank_, world_size_, ring_tag_base(seq), options_.timeout};
+  ctx.traffic = &traffic_;
+  ctx.next_on_other_host =
+      !hosts_.empty() && hosts_[(rank_ + 1) % world_size_] != hosts_[rank_];
+  return ctx;
 }
 
 void C10dCommunicator::check_same_op_everywhere(int64_t seq, const OpDesc& desc, int64_t step) {
@@ -273,21 +290,22 @@ WorkHandle C10dCommunicator::all_reduce(at::Tensor tensor, ReduceOp op) {
   return enqueue(d, true, [this, tensor, op](int64_t seq) mutable -> Pending {
     // Shared memory meets the others even for an empty tensor, so sizes that differ across
     // ranks are caught (NOTE [shared-memory collectives]).
-    if (shm_ && ShmGroup::supports(tensor)) {
-      shm_->all_reduce(tensor, op, seq);
+    if (host_ && host_->supports(tensor)) {
+      host_->all_reduce(tensor, op, seq);
       return {};
     }
     if (world_size_ == 1 || tensor.numel() == 0) return {};
-    if (!native_flat_ && tensor.scalar_type() == at::kBFloat16) {
-      // Gloo has no bf16 reduction: a ring all-reduce (reduce-scatter, then all-gather, in
-      // place) over send/recv, which moves what Gloo's own ring would.
+    if (!native_flat_ && (tensor.scalar_type() == at::kBFloat16 || spans_hosts_)) {
+      // Gloo has no bf16 reduction, and across hosts dscpp counts what it sends: a ring
+      // all-reduce (reduce-scatter, then all-gather, in place) over send/recv, which moves what
+      // Gloo's own ring would.
       std::vector<int64_t> counts(world_size_, tensor.numel() / world_size_);
       for (int64_t i = 0; i < tensor.numel() % world_size_; ++i) ++counts[i];
       int64_t own = 0;
       for (int i = 0; i < rank_; ++i) own += counts[i];
       at::Tensor flat = tensor.view({-1});
       at::Tensor mine = flat.narrow(0, own, counts[rank_]);
-      RingContext ctx{*backend_, rank_, world_size_, ring_tag_base(seq), options_.timeout};
+      RingContext ctx = ring(seq);
       ring_reduce_scatter(ctx, mine, flat, counts, op);
       ctx.tag_base += 2048;  // the all-gather's steps get tags of their own
       ring_all_gather(ctx, flat, mine, counts);  // in place
@@ -297,6 +315,7 @@ WorkHandle C10dCommunicator::all_reduce(at::Tensor tensor, ReduceOp op) {
     c10d::AllreduceOptions o;
     o.reduceOp = to_c10d(op);
     o.timeout = options_.timeout;
+    traffic_.counted = false;
     wait_c10d(backend_->allreduce(v, o));
     if (op == ReduceOp::avg) tensor.div_(world_size_);
     return {};
@@ -322,8 +341,8 @@ WorkHandle C10dCommunicator::reduce_scatter(at::Tensor output, at::Tensor input,
   return enqueue(d, true, [this, output, input, counts, op](int64_t seq) mutable -> Pending {
     auto in = input.view({-1});
     auto out = output.view({-1});
-    if (shm_ && ShmGroup::supports(in)) {
-      shm_->reduce_scatter(out, in, counts, op, seq);
+    if (host_ && host_->supports(in)) {
+      host_->reduce_scatter(out, in, counts, op, seq);
       return {};
     }
     if (native_flat_ && all_equal(counts)) {
@@ -353,8 +372,7 @@ WorkHandle C10dCommunicator::reduce_scatter(at::Tensor output, at::Tensor input,
       if (op == ReduceOp::avg) out.div_(world_size_);
       return {};
     }
-    RingContext ctx{*backend_, rank_, world_size_, ring_tag_base(seq), options_.timeout};
-    ring_reduce_scatter(ctx, out, in, counts, op);
+    ring_reduce_scatter(ring(seq), out, in, counts, op);
     return {};
   });
 }
@@ -374,11 +392,11 @@ WorkHandle C10dCommunicator::all_gather(at::Tensor output, at::Tensor input,
   return enqueue(d, true, [this, output, input, counts](int64_t seq) mutable -> Pending {
     auto in = input.view({-1});
     auto out = output.view({-1});
-    if (shm_ && ShmGroup::supports(in)) {
+    if (host_ && host_->supports(in)) {
       auto off = offsets_of(counts);
       std::vector<at::Tensor> chunks;
       for (int r = 0; r < world_size_; ++r) chunks.push_back(out.narrow(0, off[r], counts[r]));
-      shm_->all_gather(chunks, in, seq);
+      host_->all_gather(chunks, in, seq);
       return {};
     }
     if (native_flat_ && all_equal(counts)) {
@@ -394,8 +412,7 @@ WorkHandle C10dCommunicator::all_gather(at::Tensor output, at::Tensor input,
       broadcast_from_owners(chunks, in);
       return {};
     }
-    RingContext ctx{*backend_, rank_, world_size_, ring_tag_base(seq), options_.timeout};
-    ring_all_gather(ctx, out, in, counts);
+    ring_all_gather(ring(seq), out, in, counts);
     return {};
   });
 }
@@ -416,8 +433,8 @@ WorkHandle C10dCommunicator::all_gather_into(std::vector<at::Tensor> outputs, at
               rank_, " has ", outputs[rank_].numel(), " elements, the input ", input.numel());
   OpDesc d{OpKind::all_gather, input.scalar_type(), total, -1};
   return enqueue(d, true, [this, outputs, input](int64_t seq) mutable -> Pending {
-    if (shm_ && ShmGroup::supports(input)) {
-      shm_->all_gather(outputs, input, seq);
+    if (host_ && host_->supports(input)) {
+      host_->all_gather(outputs, input, seq);
       return {};
     }
     bool equal = true;
@@ -434,8 +451,7 @@ WorkHandle C10dCommunicator::all_gather_into(std::vector<at::Tensor> outputs, at
       broadcast_from_owners(outputs, input);
       return {};
     }
-    RingContext ctx{*backend_, rank_, world_size_, ring_tag_base(seq), options_.timeout};
-    ring_all_gather(ctx, outputs, input);
+    ring_all_gather(ring(seq), outputs, input);
     return {};
   });
 }
@@ -460,11 +476,16 @@ WorkHandle C10dCommunicator::broadcast(at::Tensor tensor, int root) {
               " is not a rank (world size ", world_size_, ")");
   OpDesc d{OpKind::broadcast, tensor.scalar_type(), tensor.numel(), root};
   return enqueue(d, true, [this, tensor, root](int64_t seq) -> Pending {
-    if (shm_ && ShmGroup::supports(tensor)) {
-      shm_->broadcast(tensor, root, seq);
+    if (host_ && host_->supports(tensor)) {
+      host_->broadcast(tensor, root, seq);
       return {};
     }
     if (world_size_ == 1 || tensor.numel() == 0) return {};
+    if (!native_flat_ && spans_hosts_) {
+      ring_broadcast(ring(seq), tensor, root);
+      return {};
+    }
+    traffic_.counted = false;
     std::vector<at::Tensor> v{tensor};
     c10d::BroadcastOptions o;
     o.rootRank = root;
@@ -478,12 +499,13 @@ WorkHandle C10dCommunicator::barrier() {
   OpDesc d{OpKind::barrier, at::kFloat, 0, -1};
   return enqueue(d, true, [this](int64_t seq) -> Pending {
     if (world_size_ == 1) return {};
-    if (shm_) {
-      shm_->barrier(seq);
+    if (host_) {
+      host_->barrier(seq);
       return {};
     }
     c10d::BarrierOptions o;
     o.timeout = options_.timeout;
+    traffic_.counted = false;
     wait_c10d(backend_->barrier(o));
     return {};
   });

@@ -16,7 +16,8 @@
 
 #include "comm/comms_logger.h"
 #include "comm/op_desc.h"
-#include "comm/shm.h"
+#include "comm/ring.h"
+#include "comm/host_collectives.h"
 #include "comm/sync_monitor.h"
 #include "comm/c10d.h"
 #include "dscpp/comm.h"
@@ -26,17 +27,23 @@ namespace dscpp::comm {
 class C10dCommunicator final : public Communicator {
  public:
   // `monitor_store` must be safe to use from another thread (see SyncMonitor); it may be `store`
-  // when that is thread-safe (HashStore). `prefix` separates this communicator's keys. `shm`,
-  // when given, carries the collectives on CPU tensors (NOTE [shared-memory collectives]);
-  // send/recv and anything it does not support stay on the backend.
+  // when that is thread-safe (HashStore). `prefix` separates this communicator's keys. `host`,
+  // when given, carries the collectives on CPU tensors it supports (shared memory on one host,
+  // NOTE [shared-memory collectives]; or the hierarchy across hosts, NOTE [hierarchical
+  // collectives]); send/recv and anything it does not support stay on the backend. `hosts`:
+  // each rank's host (ShmGroup::Setup::hosts), for the comms logger's bytes to other hosts and
+  // the choice of dscpp's rings over Gloo's own algorithms across hosts; empty: unknown.
   C10dCommunicator(c10::intrusive_ptr<c10d::Backend> backend, std::string backend_name,
                    c10::intrusive_ptr<c10d::Store> monitor_store, std::string prefix, int rank,
-                   int world_size, CommOptions options, std::unique_ptr<ShmGroup> shm = nullptr);
+                   int world_size, CommOptions options, std::unique_ptr<HostCollectives> host = nullptr,
+                   std::vector<std::string> hosts = {});
   ~C10dCommunicator() override;
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
-  std::string backend_name() const override { return shm_ ? backend_name_ + "+shm" : backend_name_; }
+  std::string backend_name() const override {
+    return host_ ? backend_name_ + "+" + host_->name() : backend_name_;
+  }
 
   using Communicator::all_gather;
   using Communicator::reduce_scatter;
@@ -76,7 +83,8 @@ class C10dCommunicator final : public Communicator {
   // Uneven all-gather on NCCL: outputs[r] (on every rank) from rank r's input, one broadcast
   // per non-empty output. Runs on the comm thread.
   void broadcast_from_owners(const std::vector<at::Tensor>& outputs, const at::Tensor& input);
-  int ring_tag_base(int64_t seq) const;
+  // A ring over the backend for collective `seq`, counting what it sends into traffic_.
+  RingContext ring(int64_t seq);
 
   c10::intrusive_ptr<c10d::Backend> backend_;
   std::string backend_name_;
@@ -88,7 +96,12 @@ class C10dCommunicator final : public Communicator {
   // NCCL's flat reduce_scatter/all_gather are used for equal shards; otherwise (and on Gloo) a
   // ring over send/recv (comm/ring.h).
   bool native_flat_;
-  std::unique_ptr<ShmGroup> shm_;  // null: every collective on the backend
+  std::unique_ptr<HostCollectives> host_;  // null: every collective on the backend
+  std::vector<std::string> hosts_;
+  // Ranks on several hosts: Gloo's all-reduce and broadcast are replaced by dscpp's rings, whose
+  // bytes are counted exactly (the same bytes as Gloo's ring).
+  bool spans_hosts_ = false;
+  Traffic traffic_;  // of the collective running now; comm thread only
 
   std::atomic<int64_t> seq_{0};   // collectives issued (call order)
   std::atomic<int64_t> step_{-1};

@@ -111,6 +111,10 @@ CommOptions CommOptions::from_config(const Config* config) {
   if (const char* m = std::getenv("DSCPP_COMM_SHM"); m && *m) o.shm = m;
   DSCPP_CHECK(o.shm == "auto" || o.shm == "on" || o.shm == "off", ConfigError,
               "DSCPP_COMM_SHM='", o.shm, "' must be auto, on or off");
+  if (const char* h = std::getenv("DSCPP_COMM_HIERARCHY"); h && *h) o.hierarchy = h;
+  DSCPP_CHECK(o.hierarchy == "auto" || o.hierarchy == "off", ConfigError,
+              "DSCPP_COMM_HIERARCHY='", o.hierarchy, "' must be auto or off");
+  if (const char* id = std::getenv("DSCPP_HOST_ID"); id && *id) o.host = id;
   return o;
 }
 

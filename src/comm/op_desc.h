@@ -27,6 +27,16 @@ struct OpDesc {
   std::string to_string() const;
 };
 
+// Bytes this rank sent over TCP during one operation, by where the receiving rank runs (comms
+// logger). `counted` is false when the backend's own algorithm moved them (Gloo's broadcast and
+// barrier; its all-reduce on one host), which dscpp does not see.
+struct Traffic {
+  int64_t own_host = 0;
+  int64_t other_hosts = 0;
+  bool counted = true;
+  void add(bool to_other_host, int64_t bytes) { (to_other_host ? other_hosts : own_host) += bytes; }
+};
+
 // Raised by the debug shape check (debug_sync) when ranks entered different collectives. The
 // message already names both sides on every rank, so no sync report is added.
 class CollectiveMismatch final : public CommError {

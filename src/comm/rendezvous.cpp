@@ -11,12 +11,14 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <functional>
 #include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "comm/c10d.h"
 #include "comm/c10d_communicator.h"
 #include "comm/job_secret.h"
+#include "comm/hierarchy.h"
 #include "comm/shm.h"
 #include "comm/store_client.h"
 #include "dscpp/error.h"
@@ -106,20 +108,68 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& local_
   return c10d::ProcessGroupGloo::createDeviceForHostname(local_address);
 }
 
-// The shared-memory group when CommOptions::shm asks for one and the ranks share a host; null
-// otherwise. Every rank reaches the same answer (ShmGroup::create decides collectively).
-std::unique_ptr<ShmGroup> make_shm_group(c10d::Store& store, const std::string& prefix, int rank,
-                                         int world_size, const CommOptions& options) {
+using BackendFactory = std::function<c10::intrusive_ptr<c10d::Backend>(
+    const std::string& prefix, int rank, int world_size)>;
+
+// Across hosts, with several ranks on each: shared memory inside each host and a Gloo group per
+// column between hosts (NOTE [hierarchical collectives]); null with *why when the layout does not
+// allow it or this host's segment cannot be made (every rank learns the same: a failed host
+// makes all ranks stay flat).
+std::unique_ptr<HostCollectives> make_hierarchy(c10d::Store& store, const std::string& prefix,
+                                                int rank, const std::vector<std::string>& hosts,
+                                                const CommOptions& options,
+                                                const BackendFactory& make_backend,
+                                                std::string* why) {
+  auto layout = HostLayout::of(hosts, rank, why);
+  if (!layout) return nullptr;
+  ShmGroup::Setup setup;
+  auto local = ShmGroup::create(store, fmt::format("{}/host{}", prefix, layout->host),
+                                layout->local_rank, layout->per_host, false, hosts[rank],
+                                options.shm_slot_bytes, options.rendezvous_timeout,
+                                options.timeout, &setup);
+  // Every host's outcome, so that all ranks decide alike.
+  const std::string key = fmt::format("{}/hierarchy/ok/", prefix);
+  store.set(key + std::to_string(rank), bytes(local ? "1" : "0" + setup.why));
+  std::vector<std::string> keys;
+  for (int r = 0; r < static_cast<int>(hosts.size()); ++r) keys.push_back(key + std::to_string(r));
+  store.wait(keys, options.rendezvous_timeout);
+  for (int r = 0; r < static_cast<int>(hosts.size()); ++r) {
+    auto v = store.get(keys[r]);
+    if (v.empty() || v[0] != '1') {
+      *why = fmt::format("rank {} could not set up shared memory on its host: {}", r,
+                         std::string(v.begin() + (v.empty() ? 0 : 1), v.end()));
+      return nullptr;
+    }
+  }
+  auto column = make_backend(fmt::format("{}/column{}", prefix, layout->local_rank), layout->host,
+                             layout->hosts);
+  return std::make_unique<HostHierarchy>(*layout, std::move(local), std::move(column),
+                                         options.timeout);
+}
+
+// What carries the collectives on CPU tensors besides the backend: shared memory when every rank
+// shares a host, the hierarchy when they span several hosts with several ranks on each, else
+// nothing (flat Gloo). Every rank reaches the same answer (ShmGroup::create decides
+// collectively).
+std::unique_ptr<HostCollectives> make_host_collectives(c10d::Store& store,
+                                                       const std::string& prefix, int rank,
+                                                       int world_size, const CommOptions& options,
+                                                       const BackendFactory& make_backend,
+                                                       std::vector<std::string>* hosts) {
   DSCPP_CHECK(options.shm == "auto" || options.shm == "on" || options.shm == "off", ConfigError,
               "CommOptions::shm is '", options.shm, "'. HINT: use auto, on or off");
+  DSCPP_CHECK(options.hierarchy == "auto" || options.hierarchy == "off", ConfigError,
+              "CommOptions::hierarchy is '", options.hierarchy, "'. HINT: use auto or off");
   DSCPP_CHECK(options.shm_slot_bytes > 0 && options.shm_slot_bytes <= (int64_t{1} << 40),
               ConfigError, "CommOptions::shm_slot_bytes is ", options.shm_slot_bytes,
               "; it must be between 1 byte and 1 TiB");
   if (world_size == 1) return nullptr;
   ShmGroup::Setup setup;
-  auto group =
-      ShmGroup::create(store, prefix, rank, world_size, options.shm == "off",
-                       options.shm_slot_bytes, options.rendezvous_timeout, options.timeout, &setup);
+  const std::string host = options.host.empty() ? host_identity() : options.host;
+  auto group = ShmGroup::create(store, prefix, rank, world_size, options.shm == "off", host,
+                                options.shm_slot_bytes, options.rendezvous_timeout,
+                                options.timeout, &setup);
+  *hosts = setup.hosts;
   if (group) {
     DSCPP_LOG_DEBUG(
         "collectives on CPU tensors use shared memory ({} ranks on one host, {:.1f} "
@@ -127,11 +177,32 @@ std::unique_ptr<ShmGroup> make_shm_group(c10d::Store& store, const std::string& 
         world_size, group->segment_bytes() / 1048576.0);
     return group;
   }
+  if (setup.result == ShmGroup::Setup::kSeveralHosts && options.hierarchy == "auto") {
+    std::string why;
+    if (auto hierarchy =
+            make_hierarchy(store, prefix, rank, setup.hosts, options, make_backend, &why)) {
+      const auto& l = static_cast<HostHierarchy&>(*hierarchy).layout();
+      if (rank == 0) {
+        DSCPP_LOG_INFO("collectives on CPU tensors: shared memory inside each of {} hosts ({} "
+                       "ranks each), Gloo between hosts",
+                       l.hosts, l.per_host);
+      }
+      return hierarchy;
+    }
+    DSCPP_CHECK(options.shm != "on", CommError,
+                "shared-memory collectives were requested (DSCPP_COMM_SHM=on) but cannot be used "
+                "across these hosts: ",
+                why, ". HINT: run the same number of consecutive ranks on every host, or set "
+                "DSCPP_COMM_SHM=auto to use flat Gloo over TCP");
+    if (rank == 0) DSCPP_LOG_INFO("collectives use flat Gloo over TCP: {}", why);
+    return nullptr;
+  }
   DSCPP_CHECK(options.shm != "on" || setup.result == ShmGroup::Setup::kOff, CommError,
               "shared-memory collectives were requested (DSCPP_COMM_SHM=on) but cannot be used: ",
               setup.why, ". HINT: ",
               setup.result == ShmGroup::Setup::kSeveralHosts
-                  ? "shared memory needs every rank on one host; use DSCPP_COMM_SHM=auto"
+                  ? "across hosts shared memory needs DSCPP_COMM_HIERARCHY=auto; or use "
+                    "DSCPP_COMM_SHM=auto"
                   : "check that /dev/shm is mounted and has room, or set DSCPP_COMM_SHM=auto to "
                     "fall back to Gloo's TCP transport");
   if (setup.result == ShmGroup::Setup::kFailed && rank == 0) {
@@ -175,22 +246,29 @@ std::shared_ptr<Communicator> make_gloo_communicator(
     c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, const CommOptions& options,
     const std::string& prefix, const std::string& local_address,
     c10::intrusive_ptr<c10d::Store> monitor_store) {
-  auto pg_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
-  pg_options->devices.push_back(gloo_device(local_address));
-  pg_options->threads = 1;
-  auto pg_store = c10::make_intrusive<c10d::PrefixStore>(prefix + "/pg", store);
-  c10::intrusive_ptr<c10d::Backend> backend;
-  try {
-    backend = c10::make_intrusive<c10d::ProcessGroupGloo>(pg_store, rank, world_size, pg_options);
-  } catch (const std::exception& e) {
-    std::string what = e.what();
-    DSCPP_FAIL(CommError, "rank ", rank, ": the Gloo process group of ", world_size,
-               " ranks could not connect: ", what.substr(0, what.find('\n')),
-               ". HINT: set GLOO_SOCKET_IFNAME to the interface the nodes share");
-  }
-  return std::make_shared<C10dCommunicator>(
-      backend, "gloo", monitor_store ? monitor_store : store, prefix, rank, world_size, options,
-      make_shm_group(*store, prefix, rank, world_size, options));
+  auto device = gloo_device(local_address);
+  BackendFactory make_backend = [&](const std::string& group, int group_rank, int group_size) {
+    auto pg_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
+    pg_options->devices.push_back(device);
+    pg_options->threads = 1;
+    auto pg_store = c10::make_intrusive<c10d::PrefixStore>(group + "/pg", store);
+    try {
+      return c10::intrusive_ptr<c10d::Backend>(
+          c10::make_intrusive<c10d::ProcessGroupGloo>(pg_store, group_rank, group_size,
+                                                       pg_options));
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      DSCPP_FAIL(CommError, "rank ", rank, ": the Gloo process group of ", group_size,
+                 " ranks could not connect: ", what.substr(0, what.find('\n')),
+                 ". HINT: set GLOO_SOCKET_IFNAME to the interface the nodes share");
+    }
+  };
+  auto backend = make_backend(prefix, rank, world_size);
+  std::vector<std::string> hosts;
+  auto host = make_host_collectives(*store, prefix, rank, world_size, options, make_backend, &hosts);
+  return std::make_shared<C10dCommunicator>(backend, "gloo",
+                                            monitor_store ? monitor_store : store, prefix, rank,
+                                            world_size, options, std::move(host), std::move(hosts));
 }
 
 std::shared_ptr<Communicator> init_from_env(const CommOptions& options) {

@@ -61,6 +61,7 @@ void exchange(const RingContext& ctx, int step, at::Tensor out, at::Tensor in) {
   if (out.numel() > 0) {
     std::vector<at::Tensor> v{out};
     sw = ctx.backend.send(v, next, tag);
+    if (ctx.traffic) ctx.traffic->add(ctx.next_on_other_host, out.nbytes());
   }
   wait_both(ctx, sw, rw);
 }
@@ -125,6 +126,31 @@ void ring_all_gather(const RingContext& ctx, const std::vector<at::Tensor>& outp
   const int n = ctx.world_size, r = ctx.rank;
   if (outputs[r].data_ptr() != input.data_ptr()) outputs[r].copy_(input);
   for (int s = 0; s < n - 1; ++s) exchange(ctx, s, outputs[mod(r - s, n)], outputs[mod(r - s - 1, n)]);
+}
+
+void ring_broadcast(const RingContext& ctx, const at::Tensor& tensor, int root) {
+  const int n = ctx.world_size, r = ctx.rank;
+  const int next = mod(r + 1, n), prev = mod(r - 1, n);
+  at::Tensor flat = tensor.view({-1});
+  std::vector<c10::intrusive_ptr<c10d::Work>> sends;
+  int step = 0;
+  for (int64_t start = 0; start < flat.numel(); start += kRingPieceElements, ++step) {
+    at::Tensor piece = flat.narrow(0, start, std::min(kRingPieceElements, flat.numel() - start));
+    std::vector<at::Tensor> v{piece};
+    if (r != root) {
+      auto w = ctx.backend.recv(v, prev, ctx.tag_base + step % 2048);
+      DSCPP_CHECK(w->wait(ctx.timeout), CommTimeout, "point-to-point transfer did not complete "
+                  "within ", ctx.timeout.count(), " ms");
+    }
+    if (next != root) {
+      sends.push_back(ctx.backend.send(v, next, ctx.tag_base + step % 2048));
+      if (ctx.traffic) ctx.traffic->add(ctx.next_on_other_host, piece.nbytes());
+    }
+  }
+  for (auto& w : sends) {
+    DSCPP_CHECK(w->wait(ctx.timeout), CommTimeout, "point-to-point transfer did not complete "
+                "within ", ctx.timeout.count(), " ms");
+  }
 }
 
 }  // namespace dscpp::comm

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "comm/c10d.h"
+#include "comm/op_desc.h"
 #include "dscpp/comm.h"
 
 namespace dscpp::comm {
@@ -22,7 +23,13 @@ struct RingContext {
   int world_size;
   int tag_base;  // distinct per collective, so steps of different collectives never match
   std::chrono::milliseconds timeout;
+  Traffic* traffic = nullptr;       // when set, every byte sent is added here
+  bool next_on_other_host = false;  // whether rank + 1 runs on another host (for `traffic`)
 };
+
+// The first tag of collective number `seq`'s ring steps: point-to-point tags 0..4095 are for
+// user send/recv; each collective gets 4096 of its own (two rings of at most 2048 steps).
+inline int ring_tag_base(int64_t seq) { return static_cast<int>((seq % (1 << 18)) + 1) * 4096; }
 
 // Where each chunk starts: [counts.size() + 1] prefix sums of counts.
 std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts);
@@ -43,5 +50,10 @@ void ring_all_gather(const RingContext& ctx, at::Tensor& output, const at::Tenso
 // outputs[rank]).
 void ring_all_gather(const RingContext& ctx, const std::vector<at::Tensor>& outputs,
                      const at::Tensor& input);
+
+// tensor from `root` to every rank along the ring (root, root + 1, ...), in pieces of
+// kRingPieceElements that pipeline: each rank forwards a piece while the next one arrives. Every
+// rank but the one before root sends the tensor once.
+void ring_broadcast(const RingContext& ctx, const at::Tensor& tensor, int root);
 
 }  // namespace dscpp::comm

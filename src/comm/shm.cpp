@@ -79,17 +79,6 @@ uint64_t pid_namespace() {
   return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
 }
 
-// Host name and kernel boot id: ranks with the same pair share a kernel and can share memory
-// (containers with separate /dev/shm are caught when the segment does not open).
-std::string host_identity() {
-  char host[256] = {0};
-  ::gethostname(host, sizeof(host) - 1);
-  std::string boot;
-  std::ifstream f("/proc/sys/kernel/random/boot_id");
-  std::getline(f, boot);
-  return std::string(host) + " " + boot;
-}
-
 std::string errno_text(const char* what) { return fmt::format("{}: {}", what, std::strerror(errno)); }
 
 std::string store_get(c10d::Store& store, const std::string& key) {
@@ -160,8 +149,19 @@ void* map_segment(const std::string& name, bool create, int64_t bytes, std::stri
 
 }  // namespace
 
+// Containers with separate /dev/shm but one kernel are caught when the segment does not open.
+std::string host_identity() {
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  std::string boot;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::getline(f, boot);
+  return std::string(host) + " " + boot;
+}
+
 std::unique_ptr<ShmGroup> ShmGroup::create(c10d::Store& store, const std::string& prefix, int rank,
-                                           int world_size, bool off, int64_t slot_bytes,
+                                           int world_size, bool off, const std::string& host,
+                                           int64_t slot_bytes,
                                            std::chrono::milliseconds setup_timeout,
                                            std::chrono::milliseconds timeout, Setup* setup) {
   DSCPP_CHECK(world_size >= 2, CommError, "a shared-memory group needs at least 2 ranks");
@@ -190,20 +190,24 @@ std::unique_ptr<ShmGroup> ShmGroup::create(c10d::Store& store, const std::string
   };
 
   // 1. Every rank says whether it wants shared memory and where it runs; all decide alike.
-  store_set(store, key + "host/" + std::to_string(rank), (off ? "off " : "on ") + host_identity());
+  store_set(store, key + "host/" + std::to_string(rank), (off ? "off " : "on ") + host);
   auto hosts = wait_all("host/");
+  setup->hosts.clear();
+  for (auto& h : hosts) setup->hosts.push_back(h.substr(h.find(' ') + 1));
   for (int r = 0; r < world_size; ++r) {
     if (hosts[r].rfind("off ", 0) == 0) {
-      *setup = {Setup::kOff, fmt::format("DSCPP_COMM_SHM=off on rank {}", r)};
+      setup->result = Setup::kOff;
+      setup->why = fmt::format("DSCPP_COMM_SHM=off on rank {}", r);
       return nullptr;
     }
   }
   for (int r = 1; r < world_size; ++r) {
     if (hosts[r] != hosts[0]) {
-      auto host = [](const std::string& h) { return h.substr(3, h.find(' ', 3) - 3); };
-      *setup = {Setup::kSeveralHosts,
-                fmt::format("the ranks are on more than one host (rank 0 on '{}', rank {} on '{}')",
-                            host(hosts[0]), r, host(hosts[r]))};
+      auto name_of = [](const std::string& h) { return h.substr(3, h.find(' ', 3) - 3); };
+      setup->result = Setup::kSeveralHosts;
+      setup->why =
+          fmt::format("the ranks are on more than one host (rank 0 on '{}', rank {} on '{}')",
+                      name_of(hosts[0]), r, name_of(hosts[r]));
       return nullptr;
     }
   }
@@ -278,12 +282,14 @@ std::unique_ptr<ShmGroup> ShmGroup::create(c10d::Store& store, const std::string
   seg.unlink.clear();
   for (int r = 0; r < world_size; ++r) {
     if (answers[r] != "1") {
-      *setup = {Setup::kFailed, fmt::format("rank {} could not map the shared-memory segment: {}",
-                                            r, answers[r].substr(1))};
+      setup->result = Setup::kFailed;
+      setup->why = fmt::format("rank {} could not map the shared-memory segment: {}", r,
+                               answers[r].substr(1));
       return nullptr;
     }
   }
-  *setup = {Setup::kReady, ""};
+  setup->result = Setup::kReady;
+  setup->why.clear();
   void* base = seg.base;
   seg.base = nullptr;
   return std::unique_ptr<ShmGroup>(new ShmGroup(base, bytes, rank, world_size, slot_bytes, timeout));
@@ -300,7 +306,7 @@ ShmGroup::ShmGroup(void* base, int64_t bytes, int rank, int world_size, int64_t 
 
 ShmGroup::~ShmGroup() { ::munmap(base_, bytes_); }
 
-bool ShmGroup::supports(const at::Tensor& t) {
+bool ShmGroup::supports(const at::Tensor& t) const {
   if (!t.device().is_cpu() || !t.is_contiguous()) return false;
   switch (t.scalar_type()) {
     case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16:

@@ -50,43 +50,53 @@
 #include <string>
 #include <vector>
 
+#include "comm/host_collectives.h"
 #include "comm/op_desc.h"
 #include "dscpp/comm.h"
 
 namespace dscpp::comm {
 
-class ShmGroup {
+// This machine as the ranks tell hosts apart: host name and kernel boot id. Ranks with the same
+// value share a kernel and can share memory.
+std::string host_identity();
+
+class ShmGroup final : public HostCollectives {
  public:
   // How setting up went, the same on every rank.
   struct Setup {
     enum Result { kReady, kOff, kSeveralHosts, kFailed } result = kFailed;
     std::string why;  // empty when ready
+    // Each rank's host as its `host` named it (filled for every result).
+    std::vector<std::string> hosts;
   };
   // Collective over `store` (every rank calls it, `off` or not): if any rank is `off`, or the
-  // ranks are on more than one host, nobody tries; otherwise rank 0 creates the segment and the
+  // ranks are on more than one host (`host`: this rank's, host_identity() unless a test or
+  // CommOptions::host says otherwise), nobody tries; otherwise rank 0 creates the segment and the
   // others map it. Every rank learns whether all succeeded: all get a group or all get null,
   // with *setup saying why, so the choice of transport is the same everywhere. `setup_timeout`
   // bounds the waits on the store here (CommError naming the ranks that did not answer),
   // `timeout` each collective later.
   static std::unique_ptr<ShmGroup> create(c10d::Store& store, const std::string& prefix, int rank,
-                                          int world_size, bool off, int64_t slot_bytes,
+                                          int world_size, bool off, const std::string& host,
+                                          int64_t slot_bytes,
                                           std::chrono::milliseconds setup_timeout,
                                           std::chrono::milliseconds timeout, Setup* setup);
   ~ShmGroup();
   ShmGroup(const ShmGroup&) = delete;
   ShmGroup& operator=(const ShmGroup&) = delete;
 
-  // True for contiguous CPU tensors of a dtype the group reduces (floating and integer types).
-  static bool supports(const at::Tensor& t);
+  // Contiguous CPU tensors of a floating or integer dtype.
+  bool supports(const at::Tensor& t) const override;
+  std::string name() const override { return "shm"; }
 
-  // The Communicator's semantics (see dscpp/comm.h); arguments were checked by the caller.
-  // `seq` is the communicator's sequence number of the collective, compared across ranks.
-  void all_reduce(const at::Tensor& tensor, ReduceOp op, int64_t seq);
+  // HostCollectives' calls. `seq` is compared across ranks (the stamps).
+  void all_reduce(const at::Tensor& tensor, ReduceOp op, int64_t seq) override;
   void reduce_scatter(const at::Tensor& output, const at::Tensor& input,
-                      const std::vector<int64_t>& counts, ReduceOp op, int64_t seq);
-  void all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input, int64_t seq);
-  void broadcast(const at::Tensor& tensor, int root, int64_t seq);
-  void barrier(int64_t seq);
+                      const std::vector<int64_t>& counts, ReduceOp op, int64_t seq) override;
+  void all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                  int64_t seq) override;
+  void broadcast(const at::Tensor& tensor, int root, int64_t seq) override;
+  void barrier(int64_t seq) override;
 
   int64_t segment_bytes() const { return bytes_; }
 

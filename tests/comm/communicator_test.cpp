@@ -42,24 +42,32 @@ void expect_no_errors(const std::vector<std::exception_ptr>& errors) {
   for (size_t r = 0; r < errors.size(); ++r) EXPECT_FALSE(errors[r]) << "rank " << r << ": " << error_text(errors[r]);
 }
 
-// Every operation over both transports: Gloo's TCP and shared memory (with slots of 4 KiB, so
-// that most lengths take several pieces).
-class CommWorld : public ::testing::TestWithParam<std::tuple<int, bool>> {
+// Every operation over each transport: Gloo's TCP ("gloo"), shared memory ("shm") and the
+// hierarchy across simulated hosts of 2 ranks each ("hosts": shared memory inside a host, Gloo
+// between hosts), with slots of 4 KiB so that most lengths take several pieces.
+class CommWorld : public ::testing::TestWithParam<std::tuple<int, std::string>> {
  protected:
   int world() const { return std::get<0>(GetParam()); }
-  bool shm() const { return std::get<1>(GetParam()); }
+  const std::string& transport() const { return std::get<1>(GetParam()); }
   CommOptions options() const {
     CommOptions o;
-    o.shm = shm() ? "on" : "off";
+    o.shm = transport() == "gloo" ? "off" : "on";
     o.shm_slot_bytes = 4096;
     return o;
   }
   // Runs fn on every rank and checks that the transport asked for is the one in use.
   std::vector<std::exception_ptr> run(const std::function<void(Communicator&)>& fn) const {
-    return run_thread_ranks(world(), [&](Communicator& c) {
-      EXPECT_EQ(c.backend_name(), shm() && world() > 1 ? "gloo+shm" : "gloo");
+    const std::string want = world() == 1 || transport() == "gloo" ? "gloo"
+                             : transport() == "shm"                 ? "gloo+shm"
+                                                                    : "gloo+shm+hosts";
+    auto check = [&](Communicator& c) {
+      EXPECT_EQ(c.backend_name(), want);
       fn(c);
-    }, options());
+    };
+    if (transport() == "hosts") {
+      return testing::run_thread_ranks_with(testing::on_hosts(2, options()), world(), check);
+    }
+    return run_thread_ranks(world(), check, options());
   }
 };
 
@@ -226,12 +234,17 @@ TEST_P(CommWorld, ManyOutstandingOpsCompleteInOrder) {
   }));
 }
 
+std::string world_name(const ::testing::TestParamInfo<std::tuple<int, std::string>>& info) {
+  return "world" + std::to_string(std::get<0>(info.param)) + "_" + std::get<1>(info.param);
+}
 INSTANTIATE_TEST_SUITE_P(WorldSizes, CommWorld,
-                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Bool()),
-                         [](const auto& info) {
-                           return "world" + std::to_string(std::get<0>(info.param)) +
-                                  (std::get<1>(info.param) ? "_shm" : "_gloo");
-                         });
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                                            ::testing::Values("gloo", "shm")),
+                         world_name);
+// 2 and 3 hosts of 2 ranks: the column's ring has 1 and 2 steps.
+INSTANTIATE_TEST_SUITE_P(Hosts, CommWorld,
+                         ::testing::Combine(::testing::Values(4, 6), ::testing::Values("hosts")),
+                         world_name);
 
 TEST(CommArgs, BadArgumentsAreClearErrors) {
   expect_no_errors(run_thread_ranks(2, [&](Communicator& c) {
@@ -286,6 +299,70 @@ TEST(ShmCollectives, EveryRankGetsTheSameBits) {
   // 256 + 1 + 1 = 258 is a bf16 value; summing in bf16 would give 256 + 1 = 256 (rounded), + 1
   // = 256 again.
   EXPECT_EQ(bf16[0][0].item<float>(), 258.0f);
+}
+
+// Across simulated hosts: every rank gets the same bits from all_reduce (3 hosts of 2, a ring of
+// 3 between them, many pieces), sums agree with the exact ones, and layouts the hierarchy does
+// not fit stay on flat Gloo, or fail when shared memory was demanded.
+TEST(HierarchyCollectives, EveryRankGetsTheSameBitsAndOtherLayoutsStayFlat) {
+  const int world = 6;
+  const int64_t n = (int64_t{1} << 20) + 7;
+  std::vector<at::Tensor> results(world), sums(world);
+  expect_no_errors(testing::run_thread_ranks_with(testing::on_hosts(2), world, [&](Communicator& c) {
+    ASSERT_EQ(c.backend_name(), "gloo+shm+hosts");
+    auto t = at::randn({n}, at::make_generator<at::CPUGeneratorImpl>(100 + c.rank()));
+    c.all_reduce(t)->wait();
+    results[c.rank()] = t;
+    // Each rank's chunk of a reduce-scatter, then gathered back: the same as the all-reduce.
+    auto in = at::randn({n}, at::make_generator<at::CPUGeneratorImpl>(100 + c.rank()));
+    auto counts = split_evenly(n, world);
+    auto out = at::empty({counts[c.rank()]});
+    c.reduce_scatter(out, in, counts)->wait();
+    auto all = at::empty({n});
+    c.all_gather(all, out, counts)->wait();
+    sums[c.rank()] = all;
+  }));
+  at::Tensor want = at::zeros({n}, at::kDouble);
+  for (int r = 0; r < world; ++r) {
+    want += at::randn({n}, at::make_generator<at::CPUGeneratorImpl>(100 + r)).to(at::kDouble);
+  }
+  for (int r = 0; r < world; ++r) {
+    EXPECT_TRUE(at::equal(results[r], results[0])) << "rank " << r << " differs from rank 0";
+    EXPECT_TRUE(at::equal(sums[r], sums[0])) << "rank " << r << " differs from rank 0";
+  }
+  EXPECT_TRUE(at::allclose(results[0].to(at::kDouble), want, 1e-5, 1e-5));
+  EXPECT_TRUE(at::allclose(sums[0].to(at::kDouble), want, 1e-5, 1e-5));
+
+  // Interleaved hosts, or hosts of different sizes: flat Gloo, the same results.
+  for (auto host_of : {std::vector<int>{0, 1, 0, 1}, std::vector<int>{0, 0, 0, 1}}) {
+    auto options_of = [&](int rank) {
+      CommOptions o;
+      o.host = "host" + std::to_string(host_of[rank]);
+      return o;
+    };
+    expect_no_errors(testing::run_thread_ranks_with(options_of, 4, [&](Communicator& c) {
+      EXPECT_EQ(c.backend_name(), "gloo");
+      auto t = rank_input(c.rank(), 1000);
+      c.all_reduce(t)->wait();
+      EXPECT_TRUE(at::equal(t, expected_reduce(4, 1000, ReduceOp::sum)));
+    }));
+    auto demanded = [&](int rank) {
+      auto o = options_of(rank);
+      o.shm = "on";
+      return o;
+    };
+    auto errors = testing::run_thread_ranks_with(demanded, 4, [](Communicator&) {});
+    for (auto& e : errors) {
+      EXPECT_NE(error_text(e).find("cannot be used across these hosts: the "), std::string::npos)
+          << error_text(e);
+    }
+  }
+  // DSCPP_COMM_HIERARCHY=off: flat over the same hosts.
+  CommOptions off;
+  off.hierarchy = "off";
+  expect_no_errors(testing::run_thread_ranks_with(testing::on_hosts(2, off), 4, [&](Communicator& c) {
+    EXPECT_EQ(c.backend_name(), "gloo");
+  }));
 }
 
 // Ranks that enter different collectives fail at the first barrier, naming both sides, without
@@ -437,6 +514,27 @@ TEST(CommsLogger, SummarisesCountsSizesAndBusBandwidth) {
   EXPECT_NE(s.find("1000.00 MiB/s"), std::string::npos) << s;  // algbw = 4 MiB / 4 ms
   EXPECT_NE(s.find("1.46 GiB/s"), std::string::npos) << s;  // busbw = 1500 MiB/s = algbw * 2(n-1)/n
   EXPECT_NE(s.find("barrier"), std::string::npos) << s;
+  EXPECT_NE(s.find("sent own host"), std::string::npos) << s;
+  EXPECT_NE(s.find("sent to hosts"), std::string::npos) << s;
+
+  // Bytes sent to the own host and to other hosts are summed over calls, "-" once any call's
+  // were moved by the backend's own algorithm.
+  CommsLogger hosts(cfg, 4);
+  OpDesc rs{OpKind::reduce_scatter, at::kFloat, 1 << 20, -1};
+  Traffic t;
+  t.own_host = 3 << 20;
+  t.other_hosts = 1 << 20;
+  hosts.record(rs, rs.bytes(), std::chrono::milliseconds(4), t);
+  hosts.record(rs, rs.bytes(), std::chrono::milliseconds(4), t);
+  Traffic unseen;
+  unseen.counted = false;
+  hosts.record(ar, ar.bytes(), std::chrono::milliseconds(4), t);
+  hosts.record(ar, ar.bytes(), std::chrono::milliseconds(4), unseen);
+  s = hosts.summary();
+  const auto rs_row = s.substr(s.find("reduce_scatter"));
+  EXPECT_NE(rs_row.find("      6.00 MiB       2.00 MiB\n"), std::string::npos) << s;
+  const auto ar_row = s.substr(s.find("all_reduce"));
+  EXPECT_NE(ar_row.find("              -              -\n"), std::string::npos) << s;
 
   cfg.prof_all = false;
   cfg.prof_ops = {"reduce_scatter"};

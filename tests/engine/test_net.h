@@ -164,10 +164,12 @@ const std::string kAdamW = ", \"gradient_clipping\": 0.05, \"optimizer\": {\"typ
 
 // Runs train_cfg on `world` thread ranks; one trajectory per rank. `adjust`: see train_with.
 std::vector<Trajectory> run_ranks(int world, int steps, const std::string& cfg,
-                                  const std::function<void(InitOptions&)>& adjust = nullptr) {
+                                  const std::function<void(InitOptions&)>& adjust = nullptr,
+                                  const testing::OptionsFn& comm_options = nullptr) {
   std::vector<Trajectory> out(world);
-  auto errors = testing::run_thread_ranks(
-      world, [&](Communicator& c) { out[c.rank()] = train_with(c, steps, cfg, nullptr, adjust); });
+  auto errors = testing::run_thread_ranks_with(
+      comm_options ? comm_options : [](int) { return comm::CommOptions(); }, world,
+      [&](Communicator& c) { out[c.rank()] = train_with(c, steps, cfg, nullptr, adjust); });
   for (auto& e : errors) EXPECT_FALSE(e) << cfg << ": " << testing::error_text(e);
   return out;
 }

@@ -12,7 +12,8 @@
 #  3. the main launcher killed with SIGKILL: the node agents (started through `setsid -w`, so
 #     only their stdin lifeline tells them, as over ssh) stop their ranks within 10 s;
 #  4. `dscpp check` across both: hosts answer, the master port opens on the first host and is
-#     reached from both, and the communicator's collectives run over Gloo across the veth pair.
+#     reached from both, and the communicator's collectives run over Gloo across the veth pair;
+#  5. the same with each namespace its own host (DSCPP_HOST_ID): the hierarchy's collectives.
 # Usage: multinode_netns.sh PATH_TO_DSCPP   (as root; needs iproute2, perl, setsid).
 # Exit status 0: passed; anything else: failed (including when namespaces cannot be made).
 # The namespaces are always deleted (trap).
@@ -184,4 +185,17 @@ grep -qF "[ ok ] master $MASTER:$((PORT + 1)) opens on $N1 and every host reache
 grep -qF "collectives across 4 ranks (gloo backend)" "$WORK/4.out" || fail "4: no collective table"
 grep -qF "[ ok ] collectives across 4 rank(s) completed with correct results" "$WORK/4.out" || fail "4: collectives failed"
 echo "ok 4: dscpp check across 2 namespaces: hosts, master port, collectives over Gloo"
+
+# --- 5. the same with each namespace named a host of its own (DSCPP_HOST_ID, as separate
+# machines would be by their host names): collectives go through shared memory inside each host
+# and Gloo between them (NOTE [hierarchical collectives]), with correct results.
+timeout 90 "$DSCPP" check --hostfile "$HOSTFILE" \
+  --remote_cmd 'ip netns exec {host} env DSCPP_HOST_ID={host} {command}' \
+  --master_addr "$MASTER" --master_port $((PORT + 2)) --sizes_kib 64,4096 --iters 3 \
+  >"$WORK/5.out" 2>"$WORK/5.err"
+rc=$?
+[ "$rc" = 0 ] || fail "5: dscpp check exited with status $rc"
+grep -qF "collectives across 4 ranks (gloo+shm+hosts backend)" "$WORK/5.out" || fail "5: not the hierarchy"
+grep -qF "[ ok ] collectives across 4 rank(s) completed with correct results" "$WORK/5.out" || fail "5: collectives failed"
+echo "ok 5: 2 hosts of 2 ranks: shared memory inside each host, Gloo between them, correct results"
 exit 0

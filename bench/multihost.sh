@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# Training across simulated hosts on one machine: HOSTS network namespaces joined by a bridge,
+# each host's link shaped with tc (netem: a rate and a one-way delay on every host's egress),
+# PER_HOST ranks in each, `dscpp launch --launcher ssh` with 'ip netns exec' standing in for
+# ssh. Each round runs the same training once per transport, alternated:
+#   flat  DSCPP_COMM_HIERARCHY=off: every collective on Gloo over TCP, ranks in one ring
+#   hier  shared memory inside each host, Gloo between hosts (NOTE [hierarchical collectives])
+# and reports, per transport, the bytes that crossed between hosts per training step (exact:
+# the hosts' interface counters, TCP/IP headers included, over STEPS2 - STEPS1 steps, from two
+# runs of the first round) and the median tokens/s and time per step over the rounds.
+#   bench/multihost.sh [ROUNDS] [STEPS]      (as root; needs iproute2 with tc/netem)
+# Environment:
+#   MODEL=bench (default; the benchmark GPT 6 x 384, T 256, micro-batch 4) or 150m (12 x 1024,
+#         micro-batch 1), on ../shared/data/tinyshakespeare.txt (DATA overrides)
+#   HOSTS=2 PER_HOST=2   the layout; STAGE=2; PREC=fp32 or bf16
+#   RATE=1gbit DELAY=1ms  each host's link (RATE=none: unshaped veth); the delay needs netem
+#   in the kernel, else only the rate is shaped (tbf), which the report says
+#   TRANSPORTS="flat hier"; BUCKETS=N sets reduce/allgather_bucket_size (default: the config's
+#   defaults, as a user would run); LOGGER=1 turns the comms_logger on and prints rank 0's table
+#   (the bytes each collective sent to the own host and to other hosts)
+# The machine's 2 cores are oversubscribed beyond 2 ranks: compare times only between the
+# transports of one run; the bytes do not depend on it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. bench/lib.sh
+ROUNDS=${1:-3}
+STEPS=${2:-8}
+MODEL=${MODEL:-bench}
+HOSTS=${HOSTS:-2}
+PER_HOST=${PER_HOST:-2}
+STAGE=${STAGE:-2}
+PREC=${PREC:-fp32}
+RATE=${RATE:-1gbit}
+DELAY=${DELAY:-1ms}
+TRANSPORTS=${TRANSPORTS:-flat hier}
+DATA=${DATA:-../shared/data/tinyshakespeare.txt}
+gpt_shape "$MODEL"
+WORLD=$((HOSTS * PER_HOST))
+STEPS1=2
+
+ID="$$"
+BR="dsbr$ID"
+X=$((($$ % 200) + 20))
+WORK=$(mktemp -d /tmp/dscpp_multihost_XXXXXX)
+cleanup() {
+  for h in $(seq "$HOSTS"); do ip netns del "dscpp_h${h}_$ID" 2>/dev/null || true; done
+  ip link del "$BR" 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# --- the hosts -----------------------------------------------------------------------------
+# netem (rate and delay) where the kernel has it; else tbf, a rate without added delay (this
+# development machine's kernel is built without CONFIG_NET_SCH_NETEM).
+NETEM=0
+ip netns add "dscpp_probe_$ID"
+ip netns exec "dscpp_probe_$ID" tc qdisc add dev lo root netem delay 1ms 2>/dev/null && NETEM=1
+ip netns del "dscpp_probe_$ID"
+[ "$NETEM" = 1 ] || DELAY="none (no netem in this kernel: tbf shapes the rate only)"
+ip link add "$BR" type bridge && ip link set "$BR" up
+: >"$WORK/hostfile"
+for h in $(seq "$HOSTS"); do
+  ns="dscpp_h${h}_$ID"
+  ip netns add "$ns"
+  ip link add "dsh${h}_$ID" type veth peer name "dsb${h}_$ID"
+  ip link set "dsh${h}_$ID" netns "$ns"
+  ip link set "dsb${h}_$ID" master "$BR" up
+  ip -n "$ns" addr add "10.232.$X.$h/24" dev "dsh${h}_$ID"
+  ip -n "$ns" link set lo up
+  ip -n "$ns" link set "dsh${h}_$ID" up
+  if [ "$RATE" != none ] && [ "$NETEM" = 1 ]; then
+    # netem's queue must hold a window of packets at this rate, or it drops them.
+    ip netns exec "$ns" tc qdisc add dev "dsh${h}_$ID" root netem rate "$RATE" delay "$DELAY" \
+      limit 100000
+  elif [ "$RATE" != none ]; then
+    ip netns exec "$ns" tc qdisc add dev "dsh${h}_$ID" root tbf rate "$RATE" burst 1mb latency 200ms
+  fi
+  echo "$ns slots=$PER_HOST" >>"$WORK/hostfile"
+done
+MASTER="10.232.$X.1"
+
+# Bytes sent by all hosts on their links so far.
+sent_between_hosts() {
+  local total=0 h
+  for h in $(seq "$HOSTS"); do
+    total=$((total + $(ip netns exec "dscpp_h${h}_$ID" cat "/sys/class/net/dsh${h}_$ID/statistics/tx_bytes")))
+  done
+  echo "$total"
+}
+
+prec=""
+[ "$PREC" = bf16 ] && prec=', "bf16": {"enabled": true}'
+logger=""
+[ "${LOGGER:-0}" = 1 ] && logger=', "comms_logger": {"enabled": true}'
+buckets=""
+[ -n "${BUCKETS:-}" ] && buckets=", \"reduce_bucket_size\": $BUCKETS, \"allgather_bucket_size\": $BUCKETS"
+cat >"$WORK/config.json" <<JSON
+{"train_batch_size": $((MB * WORLD)), "train_micro_batch_size_per_gpu": $MB, "steps_per_print": 1000,
+ "gradient_clipping": 1.0, "zero_optimization": {"stage": $STAGE$buckets},
+ "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.01}}$prec$logger}
+JSON
+
+port=$((20000 + RANDOM % 10000))
+# run TRANSPORT STEPS: dscpp train's output; the bytes the hosts sent go to $WORK/bytes.
+run() {
+  local hier=auto before
+  [ "$1" = flat ] && hier=off
+  port=$((port + 1))
+  before=$(sent_between_hosts)
+  OMP_NUM_THREADS=1 DSCPP_COMM_HIERARCHY=$hier timeout 3600 build/dscpp launch \
+    --hostfile "$WORK/hostfile" --launcher ssh \
+    --remote_cmd 'ip netns exec {host} env DSCPP_HOST_ID={host} {command}' \
+    --master_addr "$MASTER" --master_port "$port" \
+    "$PWD/build/dscpp" train --config "$WORK/config.json" --n_layer "$L" --n_head "$H" \
+    --n_embd "$C" --block_size "$T" --data "$DATA" --steps "$2" --no_shuffle --eval_problems 0 \
+    2>&1
+  echo $(($(sent_between_hosts) - before)) >"$WORK/bytes"
+}
+
+echo "multihost: $HOSTS hosts x $PER_HOST ranks, links $RATE, delay $DELAY, model $MODEL" \
+  "(L $L, C $C, T $T, micro-batch $MB), stage $STAGE, $PREC, $ROUNDS rounds of $STEPS steps"
+declare -A tps bytes_per_step
+for round in $(seq "$ROUNDS"); do
+  for t in $TRANSPORTS; do
+    out=$(run "$t" "$STEPS") || { echo "$out" | tail -30; echo "multihost: $t failed" >&2; exit 1; }
+    long=$(cat "$WORK/bytes")
+    v=$(echo "$out" | tokens_per_s)
+    [ -n "$v" ] || { echo "$out" | tail -30; echo "multihost: no throughput line" >&2; exit 1; }
+    tps[$t]="${tps[$t]:-} $v"
+    if [ "$round" = 1 ]; then
+      echo "$out" | grep -m1 -E "collectives (on CPU tensors|use flat)" || true
+      # LOGGER=1: rank 0's comms_logger table (its bytes sent to its own host and to others).
+      [ "${LOGGER:-0}" = 1 ] && echo "$out" | grep -A12 "comms_logger summary" | grep -E "^\[rank 0\]" || true
+      run "$t" "$STEPS1" >/dev/null || { echo "multihost: $t failed" >&2; exit 1; }
+      bytes_per_step[$t]=$(((long - $(cat "$WORK/bytes")) / (STEPS - STEPS1)))
+    fi
+    echo "round $round $t: $v tokens/s"
+  done
+done
+
+tokens_per_step=$((MB * WORLD * T))
+printf '\n| transport | between hosts per step (MiB) | vs flat | tokens/s (median) | s/step | speed-up vs flat |\n'
+printf '|---|---|---|---|---|---|\n'
+flat_tps=$(median ${tps[flat]:-0})
+flat_bytes=${bytes_per_step[flat]:-0}
+for t in $TRANSPORTS; do
+  m=$(median ${tps[$t]})
+  awk -v b="${bytes_per_step[$t]}" -v fb="$flat_bytes" -v m="$m" -v fm="$flat_tps" -v n="$tokens_per_step" -v t="$t" \
+    'BEGIN { printf "| %s | %.1f | %s | %.0f | %.2f | %s |\n", t, b / 1048576,
+             fb ? sprintf("%.2f", b / fb) : "-", m, n / m, fm ? sprintf("%.2fx", m / fm) : "-" }'
+done
