@@ -2,12 +2,15 @@
 # Training across simulated hosts on one machine: HOSTS network namespaces joined by a bridge,
 # each host's link shaped with tc (netem: a rate and a one-way delay on every host's egress),
 # PER_HOST ranks in each, `dscpp launch --launcher ssh` with 'ip netns exec' standing in for
-# ssh. Each round runs the same training once per transport, alternated:
+# ssh. Each round runs the same training once per variant (TRANSPORTS), alternated:
 #   flat  DSCPP_COMM_HIERARCHY=off: every collective on Gloo over TCP, ranks in one ring
 #   hier  shared memory inside each host, Gloo between hosts (NOTE [hierarchical collectives])
-# and reports, per transport, the bytes that crossed between hosts per training step (exact:
-# the hosts' interface counters, TCP/IP headers included, over STEPS2 - STEPS1 steps, from two
-# runs of the first round) and the median tokens/s and time per step over the rounds.
+#   +qwz, +qgz (after either): ZeRO++'s zero_quantized_weights / zero_quantized_gradients
+#         (stage 3)
+# and reports, per variant, the bytes that crossed between hosts per training step (exact: the
+# hosts' interface counters, TCP/IP headers included, over STEPS - 2 steps, from two runs of the
+# first round), the median tokens/s and time per step over the rounds, each against the first
+# variant's, and the loss the last round printed at its last step.
 #   bench/multihost.sh [ROUNDS] [STEPS]      (as root; needs iproute2 with tc/netem)
 # Environment:
 #   MODEL=bench (default; the benchmark GPT 6 x 384, T 256, micro-batch 4) or 150m (12 x 1024,
@@ -15,7 +18,7 @@
 #   HOSTS=2 PER_HOST=2   the layout; STAGE=2; PREC=fp32 or bf16
 #   RATE=1gbit DELAY=1ms  each host's link (RATE=none: unshaped veth); the delay needs netem
 #   in the kernel, else only the rate is shaped (tbf), which the report says
-#   TRANSPORTS="flat hier"; BUCKETS=N sets reduce/allgather_bucket_size (default: the config's
+#   TRANSPORTS="flat hier" (e.g. "hier hier+qwz hier+qwz+qgz" with STAGE=3); BUCKETS=N sets reduce/allgather_bucket_size (default: the config's
 #   defaults, as a user would run); LOGGER=1 turns the comms_logger on and prints rank 0's table
 #   (the bytes each collective sent to the own host and to other hosts)
 # The machine's 2 cores are oversubscribed beyond 2 ranks: compare times only between the
@@ -94,24 +97,32 @@ logger=""
 [ "${LOGGER:-0}" = 1 ] && logger=', "comms_logger": {"enabled": true}'
 buckets=""
 [ -n "${BUCKETS:-}" ] && buckets=", \"reduce_bucket_size\": $BUCKETS, \"allgather_bucket_size\": $BUCKETS"
-cat >"$WORK/config.json" <<JSON
+# write_config VARIANT: the config of a variant (flat, hier, hier+qwz, hier+qgz, ...) to
+# $WORK/VARIANT.json; +qwz and +qgz turn on zero_quantized_weights / zero_quantized_gradients.
+write_config() {
+  local zpp=""
+  case "$1" in *+qwz*) zpp+=', "zero_quantized_weights": true' ;; esac
+  case "$1" in *+qgz*) zpp+=', "zero_quantized_gradients": true' ;; esac
+  cat >"$WORK/$1.json" <<JSON
 {"train_batch_size": $((MB * WORLD)), "train_micro_batch_size_per_gpu": $MB, "steps_per_print": 1000,
- "gradient_clipping": 1.0, "zero_optimization": {"stage": $STAGE$buckets},
+ "gradient_clipping": 1.0, "zero_optimization": {"stage": $STAGE$buckets$zpp},
  "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.01}}$prec$logger}
 JSON
+}
+for t in $TRANSPORTS; do write_config "$t"; done
 
 port=$((20000 + RANDOM % 10000))
-# run TRANSPORT STEPS: dscpp train's output; the bytes the hosts sent go to $WORK/bytes.
+# run VARIANT STEPS: dscpp train's output; the bytes the hosts sent go to $WORK/bytes.
 run() {
   local hier=auto before
-  [ "$1" = flat ] && hier=off
+  [ "${1%%+*}" = flat ] && hier=off
   port=$((port + 1))
   before=$(sent_between_hosts)
   OMP_NUM_THREADS=1 DSCPP_COMM_HIERARCHY=$hier timeout 3600 build/dscpp launch \
     --hostfile "$WORK/hostfile" --launcher ssh \
     --remote_cmd 'ip netns exec {host} env DSCPP_HOST_ID={host} {command}' \
     --master_addr "$MASTER" --master_port "$port" \
-    "$PWD/build/dscpp" train --config "$WORK/config.json" --n_layer "$L" --n_head "$H" \
+    "$PWD/build/dscpp" train --config "$WORK/$1.json" --n_layer "$L" --n_head "$H" \
     --n_embd "$C" --block_size "$T" --data "$DATA" --steps "$2" --no_shuffle --eval_problems 0 \
     2>&1
   echo $(($(sent_between_hosts) - before)) >"$WORK/bytes"
@@ -119,7 +130,7 @@ run() {
 
 echo "multihost: $HOSTS hosts x $PER_HOST ranks, links $RATE, delay $DELAY, model $MODEL" \
   "(L $L, C $C, T $T, micro-batch $MB), stage $STAGE, $PREC, $ROUNDS rounds of $STEPS steps"
-declare -A tps bytes_per_step
+declare -A tps bytes_per_step loss
 for round in $(seq "$ROUNDS"); do
   for t in $TRANSPORTS; do
     out=$(run "$t" "$STEPS") || { echo "$out" | tail -30; echo "multihost: $t failed" >&2; exit 1; }
@@ -127,6 +138,7 @@ for round in $(seq "$ROUNDS"); do
     v=$(echo "$out" | tokens_per_s)
     [ -n "$v" ] || { echo "$out" | tail -30; echo "multihost: no throughput line" >&2; exit 1; }
     tps[$t]="${tps[$t]:-} $v"
+    loss[$t]=$(echo "$out" | grep -o 'step [0-9]*/[0-9]* | loss [0-9.]*' | tail -1 | awk '{print $NF}')
     if [ "$round" = 1 ]; then
       echo "$out" | grep -m1 -E "collectives (on CPU tensors|use flat)" || true
       # LOGGER=1: rank 0's comms_logger table (its bytes sent to its own host and to others).
@@ -139,13 +151,14 @@ for round in $(seq "$ROUNDS"); do
 done
 
 tokens_per_step=$((MB * WORLD * T))
-printf '\n| transport | between hosts per step (MiB) | vs flat | tokens/s (median) | s/step | speed-up vs flat |\n'
-printf '|---|---|---|---|---|---|\n'
-flat_tps=$(median ${tps[flat]:-0})
-flat_bytes=${bytes_per_step[flat]:-0}
+base=${TRANSPORTS%% *}
+printf '\n| variant | between hosts per step (MiB) | vs %s | tokens/s (median) | s/step | speed-up vs %s | loss at the last step |\n' "$base" "$base"
+printf '|---|---|---|---|---|---|---|\n'
+base_tps=$(median ${tps[$base]})
+base_bytes=${bytes_per_step[$base]}
 for t in $TRANSPORTS; do
   m=$(median ${tps[$t]})
-  awk -v b="${bytes_per_step[$t]}" -v fb="$flat_bytes" -v m="$m" -v fm="$flat_tps" -v n="$tokens_per_step" -v t="$t" \
-    'BEGIN { printf "| %s | %.1f | %s | %.0f | %.2f | %s |\n", t, b / 1048576,
-             fb ? sprintf("%.2f", b / fb) : "-", m, n / m, fm ? sprintf("%.2fx", m / fm) : "-" }'
+  awk -v b="${bytes_per_step[$t]}" -v fb="$base_bytes" -v m="$m" -v fm="$base_tps" -v n="$tokens_per_step" -v t="$t" -v l="${loss[$t]}" \
+    'BEGIN { printf "| %s | %.1f | %.2f | %.0f | %.2f | %.2fx | %s |\n", t, b / 1048576, b / fb, m,
+             n / m, m / fm, l }'
 done

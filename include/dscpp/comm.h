@@ -98,6 +98,13 @@ class Communicator {
   // Equal chunks: input.numel() == world_size() * output.numel().
   WorkHandle reduce_scatter(at::Tensor output, at::Tensor input, ReduceOp op = ReduceOp::sum);
 
+  // ZeRO++ qgZ (zero_quantized_gradients): reduce_scatter with op sum or avg, where what crosses
+  // hosts travels as block-wise int4 codes and scales, each rank's chunk quantized once by its
+  // sender (NOTE [quantized reduce-scatter] in src/comm/quantized_reduce.h). Inside a host the
+  // sums are exact; with every rank on one host this is reduce_scatter.
+  virtual WorkHandle reduce_scatter_quantized(at::Tensor output, at::Tensor input,
+                                              std::vector<int64_t> counts, ReduceOp op) = 0;
+
   // input: [counts[rank]]; output: [sum(counts)] receives every rank's input in rank order.
   // input may be the output's own chunk `rank` (in place, as ZeRO gathers parameters).
   virtual WorkHandle all_gather(at::Tensor output, at::Tensor input,

@@ -325,6 +325,14 @@ struct ZeroConfig {
   // Stage 3: keep a gathered parameter if reused within this many elements. Default 1e9. >= 0.
   // Alias: max_reuse_distance.
   int64_t stage3_max_reuse_distance = 1000000000;
+  // Stage 3 (ZeRO++ qwZ): forward's and backward's parameter all-gathers send block-wise int8
+  // codes and scales instead of the training dtype (NOTE [block-wise quantization]). Default false; no
+  // effect below stage 3 (as in DeepSpeed).
+  bool zero_quantized_weights = false;
+  // Stage 3 (ZeRO++ qgZ): the units' gradient reduce-scatter sends what crosses hosts as
+  // block-wise int4 codes and scales, all-to-all (NOTE [quantized reduce-scatter]); exact inside
+  // a host and on one host. Default false; no effect below stage 3 (as in DeepSpeed).
+  bool zero_quantized_gradients = false;
   // Stage 3: gather full 16-bit weights when the model is saved. Default false.
   // Aliases: gather_16bit_weights_on_model_save, stage3_gather_fp16_weights_on_model_save
   // (deprecated).

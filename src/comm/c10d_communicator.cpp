@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include "comm/quantized_reduce.h"
 #include "comm/ring.h"
 #include "dscpp/error.h"
 #include "util/log.h"
@@ -324,6 +325,23 @@ WorkHandle C10dCommunicator::all_reduce(at::Tensor tensor, ReduceOp op) {
 
 WorkHandle C10dCommunicator::reduce_scatter(at::Tensor output, at::Tensor input,
                                             std::vector<int64_t> counts, ReduceOp op) {
+  return enqueue_reduce_scatter(std::move(output), std::move(input), std::move(counts), op, false);
+}
+
+WorkHandle C10dCommunicator::reduce_scatter_quantized(at::Tensor output, at::Tensor input,
+                                                      std::vector<int64_t> counts, ReduceOp op) {
+  DSCPP_CHECK(op == ReduceOp::sum || op == ReduceOp::avg, CommError,
+              "reduce_scatter_quantized sums or averages, got ", reduce_op_name(op));
+  DSCPP_CHECK(input.scalar_type() == at::kFloat || input.scalar_type() == at::kBFloat16 ||
+                  input.scalar_type() == at::kHalf,
+              CommError, "reduce_scatter_quantized: float, bf16 or fp16 only, got ",
+              input.scalar_type());
+  return enqueue_reduce_scatter(std::move(output), std::move(input), std::move(counts), op, true);
+}
+
+WorkHandle C10dCommunicator::enqueue_reduce_scatter(at::Tensor output, at::Tensor input,
+                                                    std::vector<int64_t> counts, ReduceOp op,
+                                                    bool quantized) {
   check_flat(output, "reduce_scatter output");
   check_flat(input, "reduce_scatter input");
   check_counts(counts, world_size_);
@@ -338,11 +356,23 @@ WorkHandle C10dCommunicator::reduce_scatter(at::Tensor output, at::Tensor input,
   DSCPP_CHECK(op != ReduceOp::avg || at::isFloatingType(input.scalar_type()), CommError,
               "reduce_scatter avg needs a floating-point tensor, got ", input.scalar_type());
   OpDesc d{OpKind::reduce_scatter, input.scalar_type(), input.numel(), -1};
-  return enqueue(d, true, [this, output, input, counts, op](int64_t seq) mutable -> Pending {
+  return enqueue(d, true, [this, output, input, counts, op, quantized](int64_t seq) mutable -> Pending {
     auto in = input.view({-1});
     auto out = output.view({-1});
     if (host_ && host_->supports(in)) {
-      host_->reduce_scatter(out, in, counts, op, seq);
+      if (quantized) {
+        host_->reduce_scatter_quantized(out, in, counts, op, seq);
+      } else {
+        host_->reduce_scatter(out, in, counts, op, seq);
+      }
+      return {};
+    }
+    if (quantized && !native_flat_ && spans_hosts_) {
+      // NOTE [quantized reduce-scatter]: flat across hosts, every rank a member.
+      std::vector<bool> remote;
+      for (const auto& h : hosts_) remote.push_back(h != hosts_[rank_]);
+      quantized_reduce_scatter(ring(seq), out, in, counts, remote);
+      if (op == ReduceOp::avg) out.div_(world_size_);
       return {};
     }
     if (native_flat_ && all_equal(counts)) {

@@ -50,6 +50,8 @@ class C10dCommunicator final : public Communicator {
   WorkHandle all_reduce(at::Tensor tensor, ReduceOp op) override;
   WorkHandle reduce_scatter(at::Tensor output, at::Tensor input, std::vector<int64_t> counts,
                             ReduceOp op) override;
+  WorkHandle reduce_scatter_quantized(at::Tensor output, at::Tensor input,
+                                      std::vector<int64_t> counts, ReduceOp op) override;
   WorkHandle all_gather(at::Tensor output, at::Tensor input,
                         std::vector<int64_t> counts) override;
   WorkHandle all_gather_into(std::vector<at::Tensor> outputs, at::Tensor input) override;
@@ -82,6 +84,10 @@ class C10dCommunicator final : public Communicator {
   void wait_c10d(const c10::intrusive_ptr<c10d::Work>& work);
   // Uneven all-gather on NCCL: outputs[r] (on every rank) from rank r's input, one broadcast
   // per non-empty output. Runs on the comm thread.
+  // reduce_scatter, exact or with what crosses hosts quantized (NOTE [quantized
+  // reduce-scatter]); on NCCL and on one host `quantized` changes nothing.
+  WorkHandle enqueue_reduce_scatter(at::Tensor output, at::Tensor input,
+                                    std::vector<int64_t> counts, ReduceOp op, bool quantized);
   void broadcast_from_owners(const std::vector<at::Tensor>& outputs, const at::Tensor& input);
   // A ring over the backend for collective `seq`, counting what it sends into traffic_.
   RingContext ring(int64_t seq);

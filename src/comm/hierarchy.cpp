@@ -7,6 +7,7 @@
 
 #include <map>
 
+#include "comm/quantized_reduce.h"
 #include "dscpp/error.h"
 
 namespace dscpp::comm {
@@ -106,9 +107,9 @@ void HostHierarchy::all_reduce(const at::Tensor& tensor, ReduceOp op, int64_t se
   local_->all_gather(outputs, mine, seq);
 }
 
-void HostHierarchy::reduce_scatter(const at::Tensor& output, const at::Tensor& input,
-                                   const std::vector<int64_t>& counts, ReduceOp op, int64_t seq) {
-  const ReduceOp level = op == ReduceOp::avg ? ReduceOp::sum : op;
+std::vector<int64_t> HostHierarchy::reduce_in_host(const at::Tensor& input,
+                                                   const std::vector<int64_t>& counts, ReduceOp op,
+                                                   int64_t seq, at::Tensor* sums) {
   const int R = layout_.per_host, H = layout_.hosts, l = layout_.local_rank;
   const auto off = offsets_of(counts);
   at::Tensor in = input.view({-1});
@@ -116,17 +117,35 @@ void HostHierarchy::reduce_scatter(const at::Tensor& output, const at::Tensor& i
   std::vector<int64_t> column_counts;
   for (int h = 0; h < H; ++h) column_counts.push_back(counts[layout_.rank_of(h, l)]);
   const auto coff = offsets_of(column_counts);
-  at::Tensor sums = at::empty({coff[H]}, in.options());
+  *sums = at::empty({coff[H]}, in.options());
   for (int h = 0; h < H; ++h) {
     const int first = layout_.rank_of(h, 0);
     std::vector<int64_t> local_counts(counts.begin() + first, counts.begin() + first + R);
-    local_->reduce_scatter(sums.narrow(0, coff[h], column_counts[h]),
-                           in.narrow(0, off[first], off[first + R] - off[first]), local_counts,
-                           level, seq);
+    local_->reduce_scatter(sums->narrow(0, coff[h], column_counts[h]),
+                           in.narrow(0, off[first], off[first + R] - off[first]), local_counts, op,
+                           seq);
   }
+  return column_counts;
+}
+
+void HostHierarchy::reduce_scatter(const at::Tensor& output, const at::Tensor& input,
+                                   const std::vector<int64_t>& counts, ReduceOp op, int64_t seq) {
+  const ReduceOp level = op == ReduceOp::avg ? ReduceOp::sum : op;
+  at::Tensor sums;
+  const auto column_counts = reduce_in_host(input, counts, level, seq, &sums);
   at::Tensor out = output.view({-1});
   ring_reduce_scatter(column_ring(seq), out, sums, column_counts, level);
-  if (op == ReduceOp::avg) out.div_(H * R);
+  if (op == ReduceOp::avg) out.div_(layout_.hosts * layout_.per_host);
+}
+
+void HostHierarchy::reduce_scatter_quantized(const at::Tensor& output, const at::Tensor& input,
+                                             const std::vector<int64_t>& counts, ReduceOp op,
+                                             int64_t seq) {
+  at::Tensor sums;
+  const auto column_counts = reduce_in_host(input, counts, ReduceOp::sum, seq, &sums);
+  quantized_reduce_scatter(column_ring(seq), output, sums, column_counts,
+                           std::vector<bool>(layout_.hosts, true));
+  if (op == ReduceOp::avg) output.div_(layout_.hosts * layout_.per_host);
 }
 
 void HostHierarchy::all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,

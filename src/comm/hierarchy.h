@@ -81,6 +81,11 @@ class HostHierarchy final : public HostCollectives {
   void all_reduce(const at::Tensor& tensor, ReduceOp op, int64_t seq) override;
   void reduce_scatter(const at::Tensor& output, const at::Tensor& input,
                       const std::vector<int64_t>& counts, ReduceOp op, int64_t seq) override;
+  // The shared-memory steps as reduce_scatter's, exact; between hosts the column exchanges its
+  // sums quantized, all-to-all (NOTE [quantized reduce-scatter]).
+  void reduce_scatter_quantized(const at::Tensor& output, const at::Tensor& input,
+                                const std::vector<int64_t>& counts, ReduceOp op,
+                                int64_t seq) override;
   void all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
                   int64_t seq) override;
   void broadcast(const at::Tensor& tensor, int root, int64_t seq) override;
@@ -91,6 +96,10 @@ class HostHierarchy final : public HostCollectives {
   void wait(const c10::intrusive_ptr<c10d::Work>& work) const;
   // The column's ring for collective `seq`; every byte it sends goes to another host.
   RingContext column_ring(int64_t seq);
+  // reduce_scatter's shared-memory steps: `sums` [column's counts] gets, per host h', this
+  // host's sum of chunk (h', local rank); returns the column's counts.
+  std::vector<int64_t> reduce_in_host(const at::Tensor& input, const std::vector<int64_t>& counts,
+                                      ReduceOp op, int64_t seq, at::Tensor* sums);
 
   HostLayout layout_;
   std::unique_ptr<ShmGroup> local_;

@@ -30,6 +30,13 @@ class HostCollectives {
   virtual void all_reduce(const at::Tensor& tensor, ReduceOp op, int64_t seq) = 0;
   virtual void reduce_scatter(const at::Tensor& output, const at::Tensor& input,
                               const std::vector<int64_t>& counts, ReduceOp op, int64_t seq) = 0;
+  // reduce_scatter with what crosses hosts quantized (NOTE [quantized reduce-scatter]); on one
+  // host, reduce_scatter itself.
+  virtual void reduce_scatter_quantized(const at::Tensor& output, const at::Tensor& input,
+                                        const std::vector<int64_t>& counts, ReduceOp op,
+                                        int64_t seq) {
+    reduce_scatter(output, input, counts, op, seq);
+  }
   // outputs[r] receives rank r's input; input may be outputs[rank].
   virtual void all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
                           int64_t seq) = 0;

@@ -12,6 +12,8 @@ target_sources(dscpp PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/ring.cpp
   ${CMAKE_CURRENT_LIST_DIR}/shm.cpp
   ${CMAKE_CURRENT_LIST_DIR}/hierarchy.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/quantize.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/quantized_reduce.cpp
   ${CMAKE_CURRENT_LIST_DIR}/sync_monitor.cpp
   ${CMAKE_CURRENT_LIST_DIR}/comms_logger.cpp
   ${CMAKE_CURRENT_LIST_DIR}/rendezvous.cpp)

@@ -464,6 +464,8 @@ const Keys<ZeroConfig>& zero_keys() {
           .key("allgather_partitions", &Z::allgather_partitions)
           .key("allgather_bucket_size", &Z::allgather_bucket_size, even_above_zero())
           .key("round_robin_gradients", &Z::round_robin_gradients)
+          .key("zero_quantized_weights", &Z::zero_quantized_weights)
+          .key("zero_quantized_gradients", &Z::zero_quantized_gradients)
           .key("sub_group_size", &Z::sub_group_size, above<int64_t>(0))
           .key("ignore_unused_parameters", &Z::ignore_unused_parameters)
           .key("stage3_prefetch_bucket_size", &Z::stage3_prefetch_bucket_size, at_least<int64_t>(0),
@@ -546,11 +548,6 @@ void parse_zero(JsonReader& root, ZeroConfig* z) {
                           "load_from_fp32_weights",
                           "use_multi_rank_bucket_allreduce",
                           "legacy_stage1",
-                          "zero_hpz_partition_size",
-                          "zero_quantized_weights",
-                          "zero_quantized_nontrainable_weights",
-                          "zero_quantized_gradients",
-                          "zeropp_loco_param",
                           "mics_shard_size",
                           "mics_hierarchical_params_gather",
                           "memory_efficient_linear",
@@ -565,6 +562,30 @@ void parse_zero(JsonReader& root, ZeroConfig* z) {
                           "log_trace_cache_warnings",
                           "zenflow"})
     r.unimplemented(key);
+  // The rest of ZeRO++: their defaults (off) are accepted; asking for them is refused.
+  int64_t hpz = 1;
+  if (r.get("zero_hpz_partition_size", &hpz) && hpz > 1) {
+    r.fail("zero_hpz_partition_size",
+           std::to_string(hpz) +
+               " (hpZ, a secondary copy of the weights sharded inside each host) is not "
+               "implemented yet: stage 3's backward gathers every rank's shard. HINT: remove it "
+               "(or set 1); across hosts the all-gathers already go through shared memory inside "
+               "each host (docs/comm.md, \"Across hosts\"), and zero_quantized_weights cuts "
+               "their bytes between hosts");
+  }
+  DSCPP_CHECK(hpz >= 0, ConfigError, r.path("zero_hpz_partition_size"), " is ", hpz,
+              "; it must be >= 0 (DeepSpeed's rule)");
+  bool flag_on = false;
+  if (r.get("zero_quantized_nontrainable_weights", &flag_on) && flag_on) {
+    r.fail("zero_quantized_nontrainable_weights",
+           "true (frozen weights stored as int8) is not implemented yet: stage 3 keeps frozen "
+           "parameters in the training dtype. HINT: remove it or set false");
+  }
+  if (const json* loco = r.raw("zeropp_loco_param"); loco && !loco->is_null()) {
+    r.fail("zeropp_loco_param",
+           "(LoCo, error feedback for zero_quantized_gradients) is not implemented yet: the "
+           "quantized gradients are sent without it. HINT: remove it");
+  }
   r.finish();
 
   // Settings DeepSpeed accepts but that have no effect at this stage: say so.
@@ -585,7 +606,8 @@ void parse_zero(JsonReader& root, ZeroConfig* z) {
     for (const char* key : {"stage3_prefetch_bucket_size", "prefetch_bucket_size",
                             "stage3_param_persistence_threshold", "param_persistence_threshold",
                             "stage3_max_live_parameters", "max_live_parameters",
-                            "stage3_max_reuse_distance", "max_reuse_distance", "leaf_module"}) {
+                            "stage3_max_reuse_distance", "max_reuse_distance", "leaf_module",
+                            "zero_quantized_weights", "zero_quantized_gradients"}) {
       if (r.has(key)) given += (given.empty() ? "" : ", ") + std::string(key);
     }
     if (!given.empty()) {

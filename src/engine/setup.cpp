@@ -245,6 +245,7 @@ zero::StrategyOptions EngineImpl::strategy_options(const zero::FlatLayout& layou
   so.reduce.overlap_comm = zc.overlap_comm;
   so.reduce.contiguous_gradients = zc.contiguous_gradients;
   so.reduce.reduce_scatter = zc.reduce_scatter;
+  so.reduce.quantize_gradients = stage == 3 && zc.zero_quantized_gradients;
   so.allgather_bucket_size = zero::capped_bucket_size(zc.allgather_bucket_size, layout.numel);
   // Stage 0 in fp32: the statistics ride in the gradient all-reduce (NOTE [side channel] in
   // zero/all_reduce.h): [0] the window's loss sum, [1] its micro-steps, [2 + r] rank r's flags
@@ -274,6 +275,15 @@ void EngineImpl::check_offload_devices() {
   // "cpu" offload of a model on the CPU: nothing moves; of a CUDA model: not implemented yet.
   const int stage = config_.zero_optimization.stage;
   const auto& zc = config_.zero_optimization;
+  // ZeRO++'s quantization (NOTE [block-wise quantization]) runs on the CPU only.
+  for (const auto& [key, on] : {std::pair<const char*, bool>{"zero_quantized_weights",
+                                                              zc.zero_quantized_weights},
+                                {"zero_quantized_gradients", zc.zero_quantized_gradients}}) {
+    DSCPP_CHECK(!(stage == 3 && on && !device_.is_cpu()), ConfigError, "zero_optimization.", key,
+                " with a model on ", device_,
+                " is not implemented yet: dscpp quantizes on the CPU only. HINT: remove it (NCCL "
+                "then gathers and reduces the training dtype)");
+  }
   // offload_optimizer (stages 1-3; check_supported refuses or warns about the rest).
   const auto& oo = zc.offload_optimizer;
   if (stage > 0 && oo.device == "cpu") {
@@ -367,6 +377,7 @@ void EngineImpl::build_strategy() {
     s3.max_live_parameters = zc.stage3_max_live_parameters;
     s3.max_reuse_distance = zc.stage3_max_reuse_distance;
     s3.debug = comm::CommOptions::from_config(&config_).debug_sync;
+    s3.quantize_weights = zc.zero_quantized_weights;
     if (param_nvme) {
       s3.max_in_cpu = op.max_in_cpu;
       s3.make_param_swapper = [this](const std::vector<int64_t>& numels, at::ScalarType dtype) {

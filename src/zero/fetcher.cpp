@@ -6,6 +6,7 @@
 
 #include <limits>
 
+#include "comm/quantize.h"
 #include "dscpp/error.h"
 #include "util/fault_inject.h"
 
@@ -16,8 +17,21 @@ c10::StorageImpl* storage_of(const at::Tensor& t) { return t.storage().unsafeGet
 
 }  // namespace
 
-ParamFetcher::ParamFetcher(comm::Communicator& comm, bool debug_nan)
-    : comm_(comm), debug_nan_(debug_nan) {}
+ParamFetcher::ParamFetcher(comm::Communicator& comm, bool debug_nan, bool quantize_weights)
+    : comm_(comm), debug_nan_(debug_nan), quantize_(quantize_weights) {}
+
+at::Tensor ParamFetcher::take(std::map<int64_t, std::vector<at::Tensor>>& pool, int64_t n,
+                              const at::TensorOptions& options) {
+  auto& free = pool[n];
+  if (!free.empty()) {
+    at::Tensor t = std::move(free.back());
+    free.pop_back();
+    return t;
+  }
+  at::Tensor t = at::empty({n}, options);
+  pool_ += static_cast<int64_t>(t.nbytes());
+  return t;
+}
 
 void ParamFetcher::swap_out(FetchUnit& u) {
   c10::StorageImpl* s = storage_of(u.full);
@@ -35,23 +49,15 @@ void ParamFetcher::park(FetchUnit& u) {
   s->set_nbytes(u.block.nbytes());
 }
 
-void ParamFetcher::gather(FetchUnit& u) {
+void ParamFetcher::gather(FetchUnit& u, bool exact) {
   DSCPP_CHECK(!u.gathered, Error, "internal: unit '", u.name, "' is gathered already");
   const int64_t n = u.full.numel();
   if (n == 0) {  // a unit whose parameters all stay whole (stage3_param_persistence_threshold)
     u.gathered = true;
     return;
   }
-  auto& free = free_[n];
-  if (u.block.defined()) {
-    // Debug mode: the NaN-filled block it kept.
-  } else if (!free.empty()) {
-    u.block = std::move(free.back());
-    free.pop_back();
-  } else {
-    u.block = at::empty({n}, u.full.options());
-    pool_ += static_cast<int64_t>(u.block.nbytes());
-  }
+  // Debug mode: the NaN-filled block it kept.
+  if (!u.block.defined()) u.block = take(free_, n, u.full.options());
   c10::StorageImpl* s = storage_of(u.full);
   // Not owning: the pool keeps the block alive (u.block) until release() takes it back.
   s->set_data_ptr_noswap(at::DataPtr(u.block.data_ptr(), u.full.device()));
@@ -61,9 +67,28 @@ void ParamFetcher::gather(FetchUnit& u) {
   peak_ = std::max(peak_, live_);
   const int world = comm_.world_size();
   const int64_t shard = u.shard.numel();
-  std::vector<at::Tensor> outputs;
-  for (int r = 0; r < world; ++r) outputs.push_back(u.full.narrow(0, r * shard, shard));
-  u.work = comm_.all_gather_into(outputs, u.shard);
+  u.quantized = quantize_ && !exact;
+  if (!u.quantized) {
+    std::vector<at::Tensor> outputs;
+    for (int r = 0; r < world; ++r) outputs.push_back(u.full.narrow(0, r * shard, shard));
+    u.work = comm_.all_gather_into(outputs, u.shard);
+  } else {
+    // NOTE [block-wise quantization]: this rank's codes and scales go into its own slots, then both
+    // all-gathers run; wait() dequantizes every rank's slots, this rank's included, so all ranks
+    // compute with the same weights.
+    const int64_t blocks = comm::quant_blocks(shard, comm::kWeightFormat);
+    u.codes = take(free_codes_, n, u.full.options().dtype(at::kChar));
+    u.scales = take(free_scales_, world * blocks, u.full.options().dtype(at::kFloat));
+    std::vector<at::Tensor> codes, scales;
+    for (int r = 0; r < world; ++r) {
+      codes.push_back(u.codes.narrow(0, r * shard, shard));
+      scales.push_back(u.scales.narrow(0, r * blocks, blocks));
+    }
+    const int rank = comm_.rank();
+    comm::quantize(u.shard, codes[rank], scales[rank], comm::kWeightFormat);
+    u.work = comm_.all_gather_into(codes, codes[rank]);
+    u.scale_work = comm_.all_gather_into(scales, scales[rank]);
+  }
   fault::point(fault::Phase::all_gather);
 }
 
@@ -78,6 +103,21 @@ void ParamFetcher::wait(FetchUnit& u) {
     }
   } drop{u};
   w->wait();
+  if (!u.quantized) return;
+  comm::WorkHandle s = std::move(u.scale_work);
+  u.scale_work = nullptr;
+  s->wait();
+  const int world = comm_.world_size();
+  const int64_t shard = u.full.numel() / world;
+  const int64_t blocks = comm::quant_blocks(shard, comm::kWeightFormat);
+  for (int r = 0; r < world; ++r) {
+    comm::dequantize(u.codes.narrow(0, r * shard, shard), u.scales.narrow(0, r * blocks, blocks),
+                     u.full.narrow(0, r * shard, shard), comm::kWeightFormat);
+  }
+  free_codes_[u.codes.numel()].push_back(std::move(u.codes));
+  free_scales_[u.scales.numel()].push_back(std::move(u.scales));
+  u.codes = at::Tensor();
+  u.scales = at::Tensor();
 }
 
 void ParamFetcher::release(FetchUnit& u) {

@@ -38,19 +38,29 @@ struct FetchUnit {
   at::Tensor block;       // the pool block swapped in while gathered (or gathering)
   comm::WorkHandle work;  // the all-gather in flight, if any
   bool gathered = false;  // memory swapped in (the all-gather may still be running: work)
+  // Gathered through int8 (zero_quantized_weights): `full` holds the dequantized values, not
+  // the shards' own; `codes` and `scales` receive the ranks' int8 codes and block scales, and
+  // `scale_work` is the scales' all-gather in flight.
+  bool quantized = false;
+  at::Tensor codes, scales;
+  comm::WorkHandle scale_work;
 };
 
 class ParamFetcher {
  public:
-  ParamFetcher(comm::Communicator& comm, bool debug_nan);
+  // `quantize_weights`: gathers send block-wise int8 codes and scales (NOTE [block-wise quantization])
+  // instead of the training dtype, unless gather() is asked for the exact values.
+  ParamFetcher(comm::Communicator& comm, bool debug_nan, bool quantize_weights = false);
   // Makes `full`'s storage empty (a new unit, or at set-up).
   static void swap_out(FetchUnit& u);
   // A unit set up released: its storage empty, or in debug mode a NaN-filled block.
   void park(FetchUnit& u);
   // Swaps a block in and launches the all-gather of the shards into it; returns at once.
-  void gather(FetchUnit& u);
-  // Waits for u's all-gather (if any), then drops a shard brought in from disk. Throws
-  // CommError if it failed.
+  // `exact`: the shards' own values even when quantizing (GatheredParameters, which may write
+  // them back).
+  void gather(FetchUnit& u, bool exact = false);
+  // Waits for u's all-gather (if any) and dequantizes a quantized one into `full`, then drops a
+  // shard brought in from disk. Throws CommError if it failed.
   void wait(FetchUnit& u);
   // Swaps u's memory out (debug: fills it with NaN and keeps it) and returns the block to the
   // pool. Waits for an all-gather still in flight first.
@@ -62,9 +72,16 @@ class ParamFetcher {
   bool debug_nan() const { return debug_nan_; }
 
  private:
+  // A pooled tensor of n elements of `options` from `pool` (new if none is free).
+  at::Tensor take(std::map<int64_t, std::vector<at::Tensor>>& pool, int64_t n,
+                  const at::TensorOptions& options);
+
   comm::Communicator& comm_;
   bool debug_nan_;
+  bool quantize_;
   std::map<int64_t, std::vector<at::Tensor>> free_;  // free blocks by element count
+  // int8 codes and float scales of quantized gathers, by element count
+  std::map<int64_t, std::vector<at::Tensor>> free_codes_, free_scales_;
   int64_t live_ = 0, peak_ = 0, pool_ = 0;
 };
 

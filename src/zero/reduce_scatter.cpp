@@ -222,8 +222,13 @@ void SlotReducer::launch_locked(Bucket& b) {
   f.result = staging.narrow(0, own_start - b.offset, counts[comm_.rank()]);
   f.shard_pos = g.shard_base + own_start - (g.base + comm_.rank() * g.shard);
   f.slot = b.slot;
-  f.work = options_.reduce_scatter ? comm_.reduce_scatter(f.result, staging, counts, reduce_op())
-                                   : comm_.all_reduce(staging, reduce_op());
+  if (!options_.reduce_scatter) {
+    f.work = comm_.all_reduce(staging, reduce_op());
+  } else if (options_.quantize_gradients && !resident(b)) {
+    f.work = comm_.reduce_scatter_quantized(f.result, staging, counts, reduce_op());
+  } else {
+    f.work = comm_.reduce_scatter(f.result, staging, counts, reduce_op());
+  }
   in_flight_.push_back(std::move(f));
 }
 

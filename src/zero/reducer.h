@@ -64,6 +64,10 @@ struct ReduceOptions {
   bool overlap_comm = false;
   bool contiguous_gradients = true;
   bool reduce_scatter = true;
+  // Stage 3, zero_quantized_gradients (ZeRO++ qgZ): the units' buckets are reduce-scattered with
+  // what crosses hosts quantized to int4 (NOTE [quantized reduce-scatter]); the resident group
+  // (small parameters, as DeepSpeed keeps 1-D tensors exact) stays exact.
+  bool quantize_gradients = false;
   // Check each gradient this rank reduces for NaN/Inf before it is averaged (one sum per
   // parameter), so a non-finite step can name the rank and parameter it came from. fp16 leaves
   // it off: its loss scaler skips such steps.

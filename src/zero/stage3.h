@@ -79,6 +79,9 @@ struct Stage3Options {
   int64_t max_live_parameters = 1000000000;
   int64_t max_reuse_distance = 1000000000;
   bool debug = false;  // released units are NaN-filled instead of freed (fetcher.h)
+  // zero_quantized_weights (ZeRO++ qwZ): forward's and backward's gathers send int8 codes and
+  // block scales (NOTE [block-wise quantization]); GatheredParameters still gathers exact values.
+  bool quantize_weights = false;
   // offload_param nvme (NOTE [stage 3 parameter offload]): makes the swap file for the shards of
   // the units past the first `max_in_cpu` shard elements (their lengths in part order, training
   // dtype); null: every shard stays in memory.
@@ -191,7 +194,7 @@ class Stage3 final : public Strategy {
   void report_layout() const;
 
   // Launches u's all-gather (fetcher.h), bringing its shard in from disk first when it is there.
-  void gather(int u);
+  void gather(int u, bool exact = false);
   // Reads ahead the shards on disk of the next requests in the record.
   void read_ahead();
   // Ensures u is gathered and its all-gather done; with `record`, records / follows the order

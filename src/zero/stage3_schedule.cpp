@@ -169,12 +169,12 @@ void Stage3::request_gathered(int u, bool record) {
   if (record && following_) prefetch();
 }
 
-void Stage3::gather(int u) {
+void Stage3::gather(int u, bool exact) {
   Unit& unit = units_[u];
   if (unit.disk >= 0 && !unit.storage.shard.defined() && !unit.storage.gathered) {
     unit.storage.shard = param_swap_->take(unit.disk);
   }
-  fetcher_.gather(unit.storage);
+  fetcher_.gather(unit.storage, exact);
 }
 
 void Stage3::read_ahead() {

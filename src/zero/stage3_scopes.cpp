@@ -131,8 +131,12 @@ int Stage3::open_scope(torch::nn::Module& module, std::optional<int> modifier) {
     }
     if (!any) continue;
     scope.units.push_back(static_cast<int>(u));
+    FetchUnit& storage = units_[u].storage;
+    // A unit gathered for forward or backward under zero_quantized_weights holds dequantized
+    // values: the scope reads, and may write back, the shards' own (NOTE [block-wise quantization]).
+    if (storage.gathered && storage.quantized && units_[u].held == 0) fetcher_.release(storage);
     ++units_[u].held;
-    if (!units_[u].storage.gathered) gather(static_cast<int>(u));
+    if (!storage.gathered) gather(static_cast<int>(u), /*exact=*/true);
   }
   for (int u : scope.units) fetcher_.wait(units_[u].storage);
   scopes_.push_back(scope);

@@ -7,7 +7,10 @@
 #include <gtest/gtest.h>
 #include <sys/statvfs.h>
 
+#include <limits>
+
 #include "comm/comms_logger.h"
+#include "comm/quantize.h"
 #include "comm/ring.h"
 #include "dscpp/comm.h"
 #include "dscpp/error.h"
@@ -487,6 +490,116 @@ TEST(ShmCollectives, OffOnOneRankIsOffForAll) {
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(errors[r], "") << "rank " << r;
     EXPECT_EQ(names[r], "gloo") << "rank " << r;
+  }
+}
+
+// NOTE [quantized reduce-scatter]: across 2 simulated hosts of 2 ranks (the hierarchy), and
+// flat across them (DSCPP_COMM_HIERARCHY=off), each rank's chunk is the exact sum within the
+// int4 error of the other host's (or other ranks') contributions, in place or not, sum and avg;
+// on one host it is the exact reduce_scatter.
+TEST(QuantizedReduceScatter, WithinTheInt4ErrorAcrossHostsAndExactOnOne) {
+  const int world = 4;
+  const int64_t n = 4 * 3000 + 3;
+  auto counts = split_evenly(n, world);
+  auto input_of = [&](int r) {
+    return at::randn({n}, at::make_generator<at::CPUGeneratorImpl>(50 + r));
+  };
+  at::Tensor exact = at::zeros({n}, at::kDouble);
+  for (int r = 0; r < world; ++r) exact += input_of(r).to(at::kDouble);
+  const auto off = offsets_of(counts);
+  for (std::string mode : {"hosts", "flat", "one host"}) {
+    CommOptions o;
+    if (mode == "flat") o.hierarchy = "off";
+    auto options_of = [&](int rank) {
+      CommOptions mine = o;
+      if (mode != "one host") mine.host = "host" + std::to_string(rank / 2);
+      return mine;
+    };
+    expect_no_errors(testing::run_thread_ranks_with(options_of, world, [&](Communicator& c) {
+      const int r = c.rank();
+      auto in = input_of(r);
+      auto want = exact.narrow(0, off[r], counts[r]);
+      auto out = at::empty({counts[r]});
+      c.reduce_scatter_quantized(out, in, counts, ReduceOp::sum)->wait();
+      // The error bound: half an int4 step of each quantized contribution's block, at most the
+      // largest |value| / 14 per contribution, 3 contributions at most.
+      const double bound = 3 * 4.5 / 14;  // randn stays below 4.5 here
+      const double err = (out.to(at::kDouble) - want).abs().max().item<double>();
+      if (mode == "one host") {
+        auto plain = at::empty({counts[r]});
+        c.reduce_scatter(plain, in, counts)->wait();
+        EXPECT_TRUE(at::equal(out, plain)) << mode;
+      } else {
+        EXPECT_LE(err, bound) << mode << " rank " << r;
+        EXPECT_GT(err, 0) << mode << ": nothing was quantized";
+      }
+      // In place, averaged: the same values / world.
+      auto again = in.clone();
+      auto mine = again.narrow(0, off[r], counts[r]);
+      c.reduce_scatter_quantized(mine, again, counts, ReduceOp::avg)->wait();
+      EXPECT_TRUE(at::allclose(mine, out / world, 1e-6, 1e-6)) << mode << " rank " << r;
+    }));
+  }
+}
+
+// NOTE [block-wise quantization], int8 (weights) and int4 (gradients): each element comes back
+// within half its block's step (max |x| / 2L), blocks are independent (a large value coarsens
+// only its own block), zeros and exact multiples of the step come back exact, a NaN or infinity
+// makes its block NaN, fp32, bf16 and fp16 go in and out, and `accumulate` adds.
+TEST(Quantize, BlockWiseRoundTripsWithinHalfAStep) {
+  for (QuantFormat f : {kWeightFormat, kGradientFormat}) {
+    const std::string what = std::to_string(f.bits) + "-bit";
+    const float levels = static_cast<float>((1 << (f.bits - 1)) - 1);
+    const int64_t n = 3 * f.block + 17;
+    ASSERT_EQ(quant_blocks(n, f), 4);
+    auto x = at::randn({n}, at::make_generator<at::CPUGeneratorImpl>(7));
+    x.narrow(0, f.block, f.block).mul_(1000);  // block 1 is large
+    x.narrow(0, 2 * f.block, f.block).zero_();  // block 2 is zeros
+    auto codes = at::empty({code_bytes(n, f)}, at::kChar);
+    auto scales = at::empty({4});
+    quantize(x, codes, scales, f);
+    auto back = at::empty({n});
+    dequantize(codes, scales, back, f);
+    for (int64_t b = 0; b < 4; ++b) {
+      auto xs = x.narrow(0, b * f.block, std::min(f.block, n - b * f.block));
+      auto bs = back.narrow(0, b * f.block, xs.numel());
+      const float step = xs.abs().max().item<float>() / levels;
+      EXPECT_LE((xs - bs).abs().max().item<float>(), step / 2 * (1 + 1e-5) + 1e-30)
+          << what << " block " << b;
+    }
+    EXPECT_TRUE(at::equal(back.narrow(0, 2 * f.block, f.block), at::zeros({f.block}))) << what;
+    EXPECT_LT(scales[0].item<float>(), scales[1].item<float>() / 100) << what;
+    // accumulate adds the same values.
+    auto twice = back.clone();
+    dequantize(codes, scales, twice, f, /*accumulate=*/true);
+    EXPECT_TRUE(at::allclose(twice, back * 2)) << what;
+    // Multiples of the step come back exactly.
+    auto exact = at::arange(-levels, levels + 1, at::kFloat) * 0.5f;
+    auto ec = at::empty({code_bytes(exact.numel(), f)}, at::kChar);
+    auto es = at::empty({1});
+    quantize(exact, ec, es, f);
+    auto eback = at::empty_like(exact);
+    dequantize(ec, es, eback, f);
+    EXPECT_TRUE(at::equal(eback, exact)) << what;
+    // A non-finite value poisons its own block only.
+    auto bad = at::ones({2 * f.block});
+    bad[5] = std::numeric_limits<float>::infinity();
+    auto bc = at::empty({code_bytes(bad.numel(), f)}, at::kChar);
+    auto bscale = at::empty({2});
+    quantize(bad, bc, bscale, f);
+    auto bback = at::empty_like(bad);
+    dequantize(bc, bscale, bback, f);
+    EXPECT_TRUE(at::isnan(bback.narrow(0, 0, f.block)).all().item<bool>()) << what;
+    EXPECT_TRUE(at::equal(bback.narrow(0, f.block, f.block), at::ones({f.block}))) << what;
+    // bf16 in, fp16 out: within a step of the bf16 values (and fp16's rounding).
+    auto h = x.to(at::kBFloat16);
+    quantize(h, codes, scales, f);
+    auto hback = at::empty({n}, at::kHalf);
+    dequantize(codes, scales, hback, f);
+    auto err = (hback.to(at::kFloat) - h.to(at::kFloat)).abs().narrow(0, 0, f.block);
+    const float amax = h.narrow(0, 0, f.block).to(at::kFloat).abs().max().item<float>();
+    EXPECT_LE(err.max().item<float>(), amax / levels / 2 + amax / 1024) << what;  // + fp16's ulp
+    EXPECT_THROW(quantize(x.to(at::kDouble), codes, scales, f), Error);
   }
 }
 

@@ -529,8 +529,7 @@ TEST(ConfigUnimplemented, WarnsAndIgnores) {
     "sparse_attention": {"mode": "fixed"},
     "amp": {"enabled": true, "opt_level": "O1"},
     "fp16": {"enabled": true, "fp16_master_weights_and_grads": true},
-    "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8, "mics_shard_size": 4,
-                          "zero_quantized_weights": true},
+    "zero_optimization": {"stage": 3, "mics_shard_size": 4, "stage3_use_all_reduce_for_fetch_params": true},
     "optimizer": {"type": "Adam", "legacy_fusion": false}
   })");
   EXPECT_EQ(c.train_batch_size, 8);
@@ -538,14 +537,42 @@ TEST(ConfigUnimplemented, WarnsAndIgnores) {
   EXPECT_EQ(c.zero_optimization.stage, 3);
   for (const char* key :
        {"pipeline", "sparse_attention", "amp", "fp16.fp16_master_weights_and_grads",
-        "zero_optimization.zero_hpz_partition_size", "zero_optimization.mics_shard_size",
-        "zero_optimization.zero_quantized_weights", "optimizer.legacy_fusion"}) {
+        "zero_optimization.stage3_use_all_reduce_for_fetch_params",
+        "zero_optimization.mics_shard_size", "optimizer.legacy_fusion"}) {
     EXPECT_TRUE(has_warning(c, std::string("DeepSpeed key '") + key +
                                    "' is not implemented by dscpp yet and is ignored"))
         << key;
   }
-  EXPECT_EQ(c.warnings.size(), 8u);
+  EXPECT_EQ(c.warnings.size(), 7u);
   EXPECT_NE(c.describe().find("DeepSpeed key 'pipeline' is not implemented"), std::string::npos);
+}
+
+// ZeRO++: zero_quantized_weights and zero_quantized_gradients are honoured at stage 3 (no effect
+// below, as in DeepSpeed); the other keys' defaults (off) are accepted and asking for them is
+// refused with the reason.
+TEST(ConfigZeroPlusPlus, QuantizedWeightsAreReadTheRestRefusedWhenAskedFor) {
+  Config c = Config::parse(R"({"zero_optimization": {"stage": 3, "zero_quantized_weights": true,
+      "zero_hpz_partition_size": 1, "zero_quantized_gradients": true,
+      "zero_quantized_nontrainable_weights": false, "zeropp_loco_param": null}})");
+  EXPECT_TRUE(c.zero_optimization.zero_quantized_weights);
+  EXPECT_TRUE(c.zero_optimization.zero_quantized_gradients);
+  EXPECT_TRUE(c.warnings.empty());
+  EXPECT_NE(c.describe().find("zero_optimization.zero_quantized_weights = true"),
+            std::string::npos)
+      << c.describe();
+  c = Config::parse(R"({"zero_optimization": {"stage": 2, "zero_quantized_weights": true}})");
+  EXPECT_TRUE(has_warning(c, "zero_optimization.zero_quantized_weights: stage 3 settings have no "
+                             "effect at stage 2; ignored"));
+  EXPECT_NE(parse_error(R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8}})")
+                .find("zero_optimization.zero_hpz_partition_size: 8 (hpZ, a secondary copy of the "
+                      "weights sharded inside each host) is not implemented yet"),
+            std::string::npos);
+  EXPECT_NE(parse_error(R"({"zero_optimization": {"zero_quantized_nontrainable_weights": true}})")
+                .find("(frozen weights stored as int8) is not implemented yet"),
+            std::string::npos);
+  EXPECT_NE(parse_error(R"({"zero_optimization": {"zeropp_loco_param": {"err_beta": 0.8}}})")
+                .find("(LoCo, error feedback for zero_quantized_gradients) is not implemented"),
+            std::string::npos);
 }
 
 TEST(ConfigUnimplemented, SettingsWithoutEffectWarn) {

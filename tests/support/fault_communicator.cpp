@@ -53,6 +53,13 @@ WorkHandle FaultCommunicator::all_reduce(at::Tensor tensor, ReduceOp op) {
   if (auto w = intercept("all_reduce")) return w;
   return inner_->all_reduce(std::move(tensor), op);
 }
+WorkHandle FaultCommunicator::reduce_scatter_quantized(at::Tensor output, at::Tensor input,
+                                                       std::vector<int64_t> counts, ReduceOp op) {
+  if (auto w = intercept("reduce_scatter")) return w;
+  return inner_->reduce_scatter_quantized(std::move(output), std::move(input), std::move(counts),
+                                          op);
+}
+
 WorkHandle FaultCommunicator::reduce_scatter(at::Tensor output, at::Tensor input,
                                              std::vector<int64_t> counts, ReduceOp op) {
   if (auto w = intercept("reduce_scatter")) return w;

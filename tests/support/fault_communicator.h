@@ -31,6 +31,8 @@ class FaultCommunicator final : public Communicator {
   WorkHandle all_reduce(at::Tensor tensor, ReduceOp op) override;
   WorkHandle reduce_scatter(at::Tensor output, at::Tensor input, std::vector<int64_t> counts,
                             ReduceOp op) override;
+  WorkHandle reduce_scatter_quantized(at::Tensor output, at::Tensor input,
+                                      std::vector<int64_t> counts, ReduceOp op) override;
   WorkHandle all_gather(at::Tensor output, at::Tensor input, std::vector<int64_t> counts) override;
   WorkHandle all_gather_into(std::vector<at::Tensor> outputs, at::Tensor input) override;
   WorkHandle broadcast(at::Tensor tensor, int root) override;

@@ -14,6 +14,8 @@
 #include <torch/nn/modules/normalization.h>
 
 #include <chrono>
+#include <functional>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -93,7 +95,7 @@ struct Run {
 
 // Trains StackNet for `steps` on the data contract's no-shuffle order (as train_with does).
 Run train_stack(Communicator& c, int steps, const std::string& cfg, const zero::UnitPolicy& units,
-                bool checkpoint) {
+                bool checkpoint, const std::function<void()>& trained = nullptr) {
   StackNet net = make_stack_net(100 + c.rank());
   net->checkpoint = checkpoint;
   InitOptions opts = borrowed(c);
@@ -117,6 +119,7 @@ Run train_stack(Communicator& c, int steps, const std::string& cfg, const zero::
     run.grad_norms.push_back(engine->last_step().grad_norm);
   }
   run.memory = engine->memory_stats();  // before the whole model is gathered below
+  if (trained) trained();
   {
     zero::GatheredParameters whole(*net);
     std::vector<at::Tensor> flat;
@@ -271,6 +274,140 @@ TEST(EngineZero3, Bf16MatchesStage2) {
     for (size_t i = 0; i < two2[0].losses.size(); ++i)
       EXPECT_NEAR(two3[r].losses[i], two2[0].losses[i], 0.02 * two2[0].losses[i]);
   }
+}
+
+// Counts the bytes every all_gather_into delivers, by dtype, and forwards everything.
+class GatherCounter final : public Communicator {
+ public:
+  explicit GatherCounter(std::shared_ptr<Communicator> inner) : inner_(std::move(inner)) {}
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  std::string backend_name() const override { return inner_->backend_name(); }
+  using Communicator::all_gather;
+  using Communicator::reduce_scatter;
+  comm::WorkHandle all_reduce(at::Tensor t, comm::ReduceOp op) override {
+    return inner_->all_reduce(t, op);
+  }
+  comm::WorkHandle reduce_scatter(at::Tensor o, at::Tensor i, std::vector<int64_t> c,
+                                  comm::ReduceOp op) override {
+    return inner_->reduce_scatter(o, i, c, op);
+  }
+  comm::WorkHandle reduce_scatter_quantized(at::Tensor o, at::Tensor i, std::vector<int64_t> c,
+                                            comm::ReduceOp op) override {
+    return inner_->reduce_scatter_quantized(o, i, c, op);
+  }
+  comm::WorkHandle all_gather(at::Tensor o, at::Tensor i, std::vector<int64_t> c) override {
+    return inner_->all_gather(o, i, c);
+  }
+  comm::WorkHandle all_gather_into(std::vector<at::Tensor> outputs, at::Tensor input) override {
+    if (counting) {
+      for (auto& o : outputs) bytes[input.scalar_type()] += static_cast<int64_t>(o.nbytes());
+    }
+    return inner_->all_gather_into(outputs, input);
+  }
+  comm::WorkHandle broadcast(at::Tensor t, int root) override { return inner_->broadcast(t, root); }
+  comm::WorkHandle barrier() override { return inner_->barrier(); }
+  comm::WorkHandle send(at::Tensor t, int dst) override { return inner_->send(t, dst); }
+  comm::WorkHandle recv(at::Tensor t, int src) override { return inner_->recv(t, src); }
+  void set_step(int64_t step) override { inner_->set_step(step); }
+  int64_t sequence_number() const override { return inner_->sequence_number(); }
+  void log_summary() override { inner_->log_summary(); }
+  std::map<at::ScalarType, int64_t> bytes;
+  bool counting = true;
+
+ private:
+  std::shared_ptr<Communicator> inner_;
+};
+
+// ZeRO++ qwZ (zero_quantized_weights): forward's and backward's gathers carry block-wise int8
+// codes and scales. Every rank computes with the same dequantized weights, so all ranks end
+// equal; the trajectory stays within the quantization error of plain stage 3 (fp32 and bf16);
+// training's parameter gathers deliver a quarter of fp32's bytes and half of bf16's (plus one
+// scale per 2048 elements); GatheredParameters (Run::params) sees the shards' own values.
+TEST(EngineZero3, QuantizedWeightsGatherInt8AndStayCloseToPlainStage3) {
+  const int world = 2, steps = 6;
+  for (std::string precision : {"", ", \"bf16\": {\"enabled\": true}"}) {
+    auto run = [&](bool quantized, std::vector<std::map<at::ScalarType, int64_t>>* gathered) {
+      const std::string cfg = config_json(
+          4, 2,
+          kAdamW + precision +
+              zero3(", \"stage3_param_persistence_threshold\": 0, \"stage3_max_reuse_distance\": "
+                    "0, \"zero_quantized_weights\": " +
+                    std::string(quantized ? "true" : "false")));
+      std::vector<::dscpp::Run> out(world);
+      std::vector<std::shared_ptr<GatherCounter>> counters(world);  // outlive the rank threads
+      auto errors = run_thread_ranks(
+          world,
+          [&](Communicator& c) {
+            out[c.rank()] = train_stack(c, steps, cfg, kEverything, false,
+                                        [&] { counters[c.rank()]->counting = false; });
+          },
+          {}, [&](std::shared_ptr<Communicator> inner) {
+            auto counter = std::make_shared<GatherCounter>(inner);
+            counters[inner->rank()] = counter;
+            return counter;
+          });
+      for (auto& e : errors) EXPECT_FALSE(e) << cfg << ": " << error_text(e);
+      for (int r = 0; r < world; ++r) gathered->push_back(counters[r]->bytes);
+      return out;
+    };
+    std::vector<std::map<at::ScalarType, int64_t>> plain_bytes, quant_bytes;
+    auto plain = run(false, &plain_bytes);
+    auto quant = run(true, &quant_bytes);
+    const auto dtype = precision.empty() ? at::kFloat : at::kBFloat16;
+    for (int r = 0; r < world; ++r) {
+      EXPECT_TRUE(at::equal(quant[r].params, quant[0].params)) << precision << " rank " << r;
+      expect_same_run(quant[r], plain[0], precision.empty() ? 2e-2 : 5e-2,
+                      "qwZ" + precision + " rank " + std::to_string(r));
+      // Training gathered the same elements in both runs: the training dtype's bytes in the
+      // plain one; one int8 code per element and one float scale per block of 2048 (a partial
+      // block per rank and gather at most) in the quantized one, and nothing else.
+      const int64_t item = static_cast<int64_t>(c10::elementSize(dtype));
+      const int64_t codes = quant_bytes[r][at::kChar];
+      const int64_t scales = quant_bytes[r][at::kFloat];
+      EXPECT_GT(codes, 0) << precision;
+      EXPECT_EQ(codes * item, plain_bytes[r][dtype]) << precision;
+      if (dtype != at::kFloat) EXPECT_EQ(quant_bytes[r][dtype], 0) << precision;
+      EXPECT_GE(scales, codes / 2048 * 4) << precision;
+      EXPECT_LE(scales, codes / 2048 * 4 + 4096) << precision;
+    }
+    // The quantization moved the weights: this is not plain stage 3 under another name.
+    EXPECT_FALSE(at::equal(quant[0].params, plain[0].params)) << precision;
+  }
+}
+
+// ZeRO++ qgZ (zero_quantized_gradients) across 2 simulated hosts of 2 ranks: the units'
+// gradients cross hosts as int4, so training stays near plain stage 3 without equalling it, every
+// rank ends with the same parameters, and with qwZ as well too; on one host nothing crosses a
+// network and qgZ is plain stage 3 bit for bit.
+TEST(EngineZero3, QuantizedGradientsAcrossHostsStayCloseAndOnOneHostAreExact) {
+  const int world = 4, steps = 6;
+  auto run = [&](const std::string& extra, bool two_hosts) {
+    const std::string cfg = config_json(
+        8, 2,
+        kAdamW + zero3(", \"stage3_param_persistence_threshold\": 20, \"reduce_bucket_size\": 200" +
+                       extra));
+    std::vector<::dscpp::Run> out(world);
+    auto errors = testing::run_thread_ranks_with(
+        two_hosts ? testing::on_hosts(2) : [](int) { return comm::CommOptions(); }, world,
+        [&](Communicator& c) { out[c.rank()] = train_stack(c, steps, cfg, kEverything, false); });
+    for (auto& e : errors) EXPECT_FALSE(e) << cfg << ": " << error_text(e);
+    return out;
+  };
+  const std::string qg = ", \"zero_quantized_gradients\": true";
+  auto plain = run("", true);
+  for (const std::string& extra : {qg, qg + ", \"zero_quantized_weights\": true"}) {
+    auto got = run(extra, true);
+    for (int r = 0; r < world; ++r) {
+      EXPECT_TRUE(at::equal(got[r].params, got[0].params)) << extra << " rank " << r;
+      // int4 noise adds to the gradient norm (6% at step 1 on this small model).
+      expect_same_run(got[r], plain[0], 0.1, extra + " rank " + std::to_string(r));
+    }
+    EXPECT_FALSE(at::equal(got[0].params, plain[0].params)) << extra;
+  }
+  auto one_plain = run("", false);
+  auto one_qg = run(qg, false);
+  for (int r = 0; r < world; ++r) EXPECT_TRUE(at::equal(one_qg[r].params, one_plain[r].params));
 }
 
 // The engine's accounting: 16/N bytes per sharded parameter (fp32 AdamW) plus the resident ones
