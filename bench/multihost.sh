@@ -18,6 +18,7 @@
 #   HOSTS=2 PER_HOST=2   the layout; STAGE=2; PREC=fp32 or bf16
 #   RATE=1gbit DELAY=1ms  each host's link (RATE=none: unshaped veth); the delay needs netem
 #   in the kernel, else only the rate is shaped (tbf), which the report says
+#   PLOT=FILE.svg  the loss curves of the last round and their difference from the first variant
 #   TRANSPORTS="flat hier" (e.g. "hier hier+qwz hier+qwz+qgz" with STAGE=3); BUCKETS=N sets reduce/allgather_bucket_size (default: the config's
 #   defaults, as a user would run); LOGGER=1 turns the comms_logger on and prints rank 0's table
 #   (the bytes each collective sent to the own host and to other hosts)
@@ -124,7 +125,7 @@ run() {
     --master_addr "$MASTER" --master_port "$port" \
     "$PWD/build/dscpp" train --config "$WORK/$1.json" --n_layer "$L" --n_head "$H" \
     --n_embd "$C" --block_size "$T" --data "$DATA" --steps "$2" --no_shuffle --eval_problems 0 \
-    2>&1
+    --metrics "$WORK/$1.jsonl" 2>&1
   echo $(($(sent_between_hosts) - before)) >"$WORK/bytes"
 }
 
@@ -138,7 +139,10 @@ for round in $(seq "$ROUNDS"); do
     v=$(echo "$out" | tokens_per_s)
     [ -n "$v" ] || { echo "$out" | tail -30; echo "multihost: no throughput line" >&2; exit 1; }
     tps[$t]="${tps[$t]:-} $v"
-    loss[$t]=$(echo "$out" | grep -o 'step [0-9]*/[0-9]* | loss [0-9.]*' | tail -1 | awk '{print $NF}')
+    # The mean loss of the last 20 steps (every variant trains on the same batches).
+    loss[$t]=$(grep -o '"loss": [0-9.eE+-]*' "$WORK/$t.jsonl" | tail -20 |
+      awk '{s += $2; n++} END {printf "%.4f", s / n}')
+    cp "$WORK/$t.jsonl" "$WORK/$t.last.jsonl"
     if [ "$round" = 1 ]; then
       echo "$out" | grep -m1 -E "collectives (on CPU tensors|use flat)" || true
       # LOGGER=1: rank 0's comms_logger table (its bytes sent to its own host and to others).
@@ -152,13 +156,41 @@ done
 
 tokens_per_step=$((MB * WORLD * T))
 base=${TRANSPORTS%% *}
-printf '\n| variant | between hosts per step (MiB) | vs %s | tokens/s (median) | s/step | speed-up vs %s | loss at the last step |\n' "$base" "$base"
-printf '|---|---|---|---|---|---|---|\n'
+printf '\n| variant | between hosts per step (MiB) | vs %s | tokens/s (median) | s/step | speed-up vs %s | mean loss, last 20 steps | vs %s |\n' "$base" "$base" "$base"
+printf '|---|---|---|---|---|---|---|---|\n'
 base_tps=$(median ${tps[$base]})
 base_bytes=${bytes_per_step[$base]}
 for t in $TRANSPORTS; do
   m=$(median ${tps[$t]})
-  awk -v b="${bytes_per_step[$t]}" -v fb="$base_bytes" -v m="$m" -v fm="$base_tps" -v n="$tokens_per_step" -v t="$t" -v l="${loss[$t]}" \
-    'BEGIN { printf "| %s | %.1f | %.2f | %.0f | %.2f | %.2fx | %s |\n", t, b / 1048576, b / fb, m,
-             n / m, m / fm, l }'
+  awk -v b="${bytes_per_step[$t]}" -v fb="$base_bytes" -v m="$m" -v fm="$base_tps" -v n="$tokens_per_step" -v t="$t" -v l="${loss[$t]}" -v fl="${loss[$base]}" \
+    'BEGIN { printf "| %s | %.1f | %.2f | %.0f | %.2f | %.2fx | %s | %+.2f%% |\n", t, b / 1048576, b / fb, m,
+             n / m, m / fm, l, (l / fl - 1) * 100 }'
 done
+
+# PLOT=FILE.svg: the loss of every variant's last run by step, and each one's difference from
+# the first variant's (the same batches at every step).
+if [ -n "${PLOT:-}" ]; then
+  for t in $TRANSPORTS; do
+    grep -o '"step": [0-9]*, "loss": [0-9.eE+-]*' "$WORK/$t.last.jsonl" | awk '{print $2, $4}' |
+      tr -d ',' >"$WORK/$t.dat"
+  done
+  plots="" diffs=""
+  for t in $TRANSPORTS; do
+    plots+="${plots:+, }'$WORK/$t.dat' using 1:2 with lines title '$t'"
+    [ "$t" = "$base" ] && continue
+    paste "$WORK/$t.dat" "$WORK/$base.dat" | awk '{print $1, ($2 - $4) / $4 * 100}' >"$WORK/$t.diff"
+    diffs+="${diffs:+, }'$WORK/$t.diff' using 1:2 with lines title '$t'"
+  done
+  gnuplot <<GP
+set terminal svg size 900,600
+set output '$PLOT'
+set multiplot layout 2,1 title "$MODEL GPT, stage $STAGE, $HOSTS hosts x $PER_HOST ranks"
+set ylabel 'loss'
+plot $plots
+set xlabel 'step'
+set ylabel 'loss vs $base (%)'
+plot ${diffs:-0 notitle}
+unset multiplot
+GP
+  echo "plot: $PLOT"
+fi

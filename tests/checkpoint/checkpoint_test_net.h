@@ -102,9 +102,12 @@ inline std::string dtype_cfg(const std::string& dtype) {
 }
 
 // Runs `fn(comm)` on `world` thread ranks; fails the test on any rank's error.
+// `per_host` > 0: the ranks on simulated hosts of that many ranks each (the hierarchy).
 inline void on_ranks(int world, const std::function<void(comm::Communicator&)>& fn,
-                     const std::string& what) {
-  auto errors = testing::run_thread_ranks(world, fn);
+                     const std::string& what, int per_host = 0) {
+  auto errors = per_host > 0
+                    ? testing::run_thread_ranks_with(testing::on_hosts(per_host), world, fn)
+                    : testing::run_thread_ranks(world, fn);
   for (size_t r = 0; r < errors.size(); ++r)
     ASSERT_FALSE(errors[r]) << what << ": rank " << r << ": " << testing::error_text(errors[r]);
 }

@@ -111,14 +111,16 @@ TEST(EngineCheckpoint, ResumeIsBitExactAtEveryStageDtypeAndGas) {
 }
 
 // Saved at one world size and stage, loaded at another with no conversion: the continued
-// trajectory matches the uninterrupted run.
+// trajectory matches the uninterrupted run. Also across transports: saved by 4 ranks on two
+// simulated hosts (the hierarchy, NOTE [hierarchical collectives]) and loaded on one host.
 TEST(EngineCheckpoint, LoadsAtAnotherWorldSizeAndStage) {
   constexpr int K = 3, B = 12;
   struct Layout {
     int world, stage;
+    int per_host = 0;  // > 0: simulated hosts of this many ranks
   };
   auto cfg_for = [](Layout l) { return config_json(B, B / l.world, kOpt + stage_cfg(l.stage)); };
-  for (Layout saved : {Layout{2, 2}, Layout{3, 3}}) {
+  for (Layout saved : {Layout{2, 2}, Layout{3, 3}, Layout{4, 3, 2}}) {
     std::vector<Record> straight(saved.world);
     on_ranks(
         saved.world,
@@ -127,7 +129,7 @@ TEST(EngineCheckpoint, LoadsAtAnotherWorldSizeAndStage) {
           auto e = initialize(net.ptr(), cfg_for(saved), borrowed(c));
           train_steps(*e, net, 0, 2 * K, straight[c.rank()]);
         },
-        "straight");
+        "straight", saved.per_host);
     TempDir dir_tmp;
     const std::string dir = dir_tmp.path();
     on_ranks(
@@ -139,15 +141,17 @@ TEST(EngineCheckpoint, LoadsAtAnotherWorldSizeAndStage) {
           train_steps(*e, net, 0, K, first);
           e->save_checkpoint(dir);
         },
-        "save");
-    const std::vector<Layout> targets = saved.stage == 2
-                                            ? std::vector<Layout>{{3, 1}, {1, 0}, {4, 2}, {2, 3}}
-                                            : std::vector<Layout>{{2, 1}};
+        "save", saved.per_host);
+    const std::vector<Layout> targets =
+        saved.stage == 2 ? std::vector<Layout>{{3, 1}, {1, 0}, {4, 2}, {2, 3}, {4, 3, 2}}
+        : saved.per_host ? std::vector<Layout>{{4, 3}, {2, 2}}
+                         : std::vector<Layout>{{2, 1}};
     for (Layout to : targets) {
+      auto hosts = [](Layout l) { return l.per_host ? " on 2 hosts" : ""; };
       const std::string what = "saved at " + std::to_string(saved.world) + " ranks stage " +
-                               std::to_string(saved.stage) + ", loaded at " +
+                               std::to_string(saved.stage) + hosts(saved) + ", loaded at " +
                                std::to_string(to.world) + " ranks stage " +
-                               std::to_string(to.stage);
+                               std::to_string(to.stage) + hosts(to);
       std::vector<Record> resumed(to.world);
       on_ranks(
           to.world,
@@ -157,7 +161,7 @@ TEST(EngineCheckpoint, LoadsAtAnotherWorldSizeAndStage) {
             e->load_checkpoint(dir);
             train_steps(*e, net, K, 2 * K, resumed[c.rank()]);
           },
-          what);
+          what, to.per_host);
       const Record& ref = straight[0];
       for (int r = 0; r < to.world; ++r) {
         for (int i = 0; i < K; ++i) {
