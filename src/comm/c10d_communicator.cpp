@@ -296,7 +296,8 @@ WorkHandle C10dCommunicator::all_reduce(at::Tensor tensor, ReduceOp op) {
       return {};
     }
     if (world_size_ == 1 || tensor.numel() == 0) return {};
-    if (!native_flat_ && (tensor.scalar_type() == at::kBFloat16 || spans_hosts_)) {
+    if (!native_flat_ &&
+        (tensor.scalar_type() == at::kBFloat16 || (spans_hosts_ && tensor.device().is_cpu()))) {
       // Gloo has no bf16 reduction, and across hosts dscpp counts what it sends: a ring
       // all-reduce (reduce-scatter, then all-gather, in place) over send/recv, which moves what
       // Gloo's own ring would.
@@ -367,7 +368,7 @@ WorkHandle C10dCommunicator::enqueue_reduce_scatter(at::Tensor output, at::Tenso
       }
       return {};
     }
-    if (quantized && !native_flat_ && spans_hosts_) {
+    if (quantized && !native_flat_ && spans_hosts_ && in.device().is_cpu()) {
       // NOTE [quantized reduce-scatter]: flat across hosts, every rank a member.
       std::vector<bool> remote;
       for (const auto& h : hosts_) remote.push_back(h != hosts_[rank_]);
@@ -511,7 +512,7 @@ WorkHandle C10dCommunicator::broadcast(at::Tensor tensor, int root) {
       return {};
     }
     if (world_size_ == 1 || tensor.numel() == 0) return {};
-    if (!native_flat_ && spans_hosts_) {
+    if (!native_flat_ && spans_hosts_ && tensor.device().is_cpu()) {
       ring_broadcast(ring(seq), tensor, root);
       return {};
     }

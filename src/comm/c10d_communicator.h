@@ -82,12 +82,12 @@ class C10dCommunicator final : public Communicator {
   void run_task(Task& task);
   void check_same_op_everywhere(int64_t seq, const OpDesc& desc, int64_t step);
   void wait_c10d(const c10::intrusive_ptr<c10d::Work>& work);
-  // Uneven all-gather on NCCL: outputs[r] (on every rank) from rank r's input, one broadcast
-  // per non-empty output. Runs on the comm thread.
   // reduce_scatter, exact or with what crosses hosts quantized (NOTE [quantized
   // reduce-scatter]); on NCCL and on one host `quantized` changes nothing.
   WorkHandle enqueue_reduce_scatter(at::Tensor output, at::Tensor input,
                                     std::vector<int64_t> counts, ReduceOp op, bool quantized);
+  // Uneven all-gather on NCCL: outputs[r] (on every rank) from rank r's input, one broadcast
+  // per non-empty output. Runs on the comm thread.
   void broadcast_from_owners(const std::vector<at::Tensor>& outputs, const at::Tensor& input);
   // A ring over the backend for collective `seq`, counting what it sends into traffic_.
   RingContext ring(int64_t seq);

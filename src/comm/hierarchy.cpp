@@ -86,19 +86,17 @@ Traffic HostHierarchy::take_traffic() {
 }
 
 void HostHierarchy::all_reduce(const at::Tensor& tensor, ReduceOp op, int64_t seq) {
-  const ReduceOp level = op == ReduceOp::avg ? ReduceOp::sum : op;
   at::Tensor flat = tensor.view({-1});
   const auto shares = split_evenly(flat.numel(), layout_.per_host);
   const auto off = offsets_of(shares);
   at::Tensor mine = flat.narrow(0, off[layout_.local_rank], shares[layout_.local_rank]);
-  local_->reduce_scatter(mine, flat, shares, level, seq);
+  local_->reduce_scatter(mine, flat, shares, op, seq);
 
   const auto pieces = split_evenly(mine.numel(), layout_.hosts);
   const auto poff = offsets_of(pieces);
   at::Tensor piece = mine.narrow(0, poff[layout_.host], pieces[layout_.host]);
   RingContext ctx = column_ring(seq);
-  ring_reduce_scatter(ctx, piece, mine, pieces, level);
-  if (op == ReduceOp::avg) piece.div_(layout_.hosts * layout_.per_host);
+  ring_reduce_scatter(ctx, piece, mine, pieces, op);
   ctx.tag_base += 2048;
   ring_all_gather(ctx, mine, piece, pieces);
 
@@ -130,22 +128,20 @@ std::vector<int64_t> HostHierarchy::reduce_in_host(const at::Tensor& input,
 
 void HostHierarchy::reduce_scatter(const at::Tensor& output, const at::Tensor& input,
                                    const std::vector<int64_t>& counts, ReduceOp op, int64_t seq) {
-  const ReduceOp level = op == ReduceOp::avg ? ReduceOp::sum : op;
   at::Tensor sums;
-  const auto column_counts = reduce_in_host(input, counts, level, seq, &sums);
+  const auto column_counts = reduce_in_host(input, counts, op, seq, &sums);
   at::Tensor out = output.view({-1});
-  ring_reduce_scatter(column_ring(seq), out, sums, column_counts, level);
-  if (op == ReduceOp::avg) out.div_(layout_.hosts * layout_.per_host);
+  ring_reduce_scatter(column_ring(seq), out, sums, column_counts, op);
 }
 
 void HostHierarchy::reduce_scatter_quantized(const at::Tensor& output, const at::Tensor& input,
                                              const std::vector<int64_t>& counts, ReduceOp op,
                                              int64_t seq) {
   at::Tensor sums;
-  const auto column_counts = reduce_in_host(input, counts, ReduceOp::sum, seq, &sums);
+  const auto column_counts = reduce_in_host(input, counts, op, seq, &sums);
   quantized_reduce_scatter(column_ring(seq), output, sums, column_counts,
                            std::vector<bool>(layout_.hosts, true));
-  if (op == ReduceOp::avg) output.div_(layout_.hosts * layout_.per_host);
+  if (op == ReduceOp::avg) output.div_(layout_.hosts);
 }
 
 void HostHierarchy::all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,

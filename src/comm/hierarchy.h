@@ -38,7 +38,8 @@
 // Order of sums: inside a host in rank order (ShmGroup), then across hosts in the column's ring
 // order. Every rank gets the same bits (each element is reduced once, by one rank, then copied);
 // against a flat ring the bits may differ in the last place, as two rings of different lengths
-// do. avg sums at both levels and divides once by the world size.
+// do. avg averages at each level (over a host's R ranks, then over the H hosts), so fp16 and
+// bf16 sums never grow past what one level adds.
 #pragma once
 
 #include <chrono>

@@ -36,24 +36,24 @@ void quantize_blocks(const T* x, int8_t* codes, float* scales, int64_t n, QuantF
       finite = finite && std::isfinite(v);
       amax = std::max(amax, std::fabs(v));
     }
+    // A block of tiny values keeps a normal scale (at least FLT_MIN), so 1 / scale is finite
+    // and x / scale never meets 0 * inf; the error stays below FLT_MIN / 2.
     const float scale = !finite    ? std::numeric_limits<float>::quiet_NaN()
-                        : amax > 0 ? amax / levels
+                        : amax > 0 ? std::max(amax / levels, std::numeric_limits<float>::min())
                                    : 1.0f;
     scales[b] = scale;
     const float inv = finite ? 1.0f / scale : 0.0f;
+    // round(x / scale) in [-levels, levels]; a non-finite block codes zeros (its scale is NaN).
+    auto level = [&](int64_t k) {
+      const float v = std::nearbyint(static_cast<float>(x[from + k]) * inv);
+      return finite ? static_cast<int>(std::clamp(v, -levels, levels)) : 0;
+    };
     if (f.bits == 8) {
-      for (int64_t i = 0; i < len; ++i) {
-        const float v = std::nearbyint(static_cast<float>(x[from + i]) * inv);
-        codes[from + i] = static_cast<int8_t>(std::clamp(v, -levels, levels));
-      }
+      for (int64_t i = 0; i < len; ++i) codes[from + i] = static_cast<int8_t>(level(i));
     } else {
       // Blocks have an even length and start on a byte: element pairs never straddle blocks.
       for (int64_t i = 0; i < len; i += 2) {
-        auto code = [&](int64_t k) {
-          if (k >= len) return 0;
-          const float v = std::nearbyint(static_cast<float>(x[from + k]) * inv);
-          return static_cast<int>(std::clamp(v, -levels, levels)) & 0xF;
-        };
+        auto code = [&](int64_t k) { return k < len ? level(k) & 0xF : 0; };
         codes[(from + i) / 2] = static_cast<int8_t>(code(i) | (code(i + 1) << 4));
       }
     }

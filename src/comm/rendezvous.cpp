@@ -177,17 +177,29 @@ std::unique_ptr<HostCollectives> make_host_collectives(c10d::Store& store,
         world_size, group->segment_bytes() / 1048576.0);
     return group;
   }
-  if (setup.result == ShmGroup::Setup::kSeveralHosts && options.hierarchy == "auto") {
+  // DSCPP_COMM_HIERARCHY=off on any rank is off for all: every rank says what it wants first,
+  // so that no rank waits in a hierarchy others never set up.
+  bool hierarchy = false;
+  if (setup.result == ShmGroup::Setup::kSeveralHosts) {
+    const std::string key = prefix + "/hierarchy/wanted/";
+    store.set(key + std::to_string(rank), bytes(options.hierarchy == "auto" ? "1" : "0"));
+    std::vector<std::string> keys;
+    for (int r = 0; r < world_size; ++r) keys.push_back(key + std::to_string(r));
+    store.wait(keys, options.rendezvous_timeout);
+    hierarchy = true;
+    for (const auto& k : keys) hierarchy = hierarchy && store.get(k) == bytes("1");
+  }
+  if (hierarchy) {
     std::string why;
-    if (auto hierarchy =
+    if (auto group =
             make_hierarchy(store, prefix, rank, setup.hosts, options, make_backend, &why)) {
-      const auto& l = static_cast<HostHierarchy&>(*hierarchy).layout();
+      const auto& l = static_cast<HostHierarchy&>(*group).layout();
       if (rank == 0) {
         DSCPP_LOG_INFO("collectives on CPU tensors: shared memory inside each of {} hosts ({} "
                        "ranks each), Gloo between hosts",
                        l.hosts, l.per_host);
       }
-      return hierarchy;
+      return group;
     }
     DSCPP_CHECK(options.shm != "on", CommError,
                 "shared-memory collectives were requested (DSCPP_COMM_SHM=on) but cannot be used "

@@ -402,7 +402,9 @@ void Stage3::publish_params() {
     gather_in_place(comm_, resident_flat_, resident_layout_.shard, allgather_bucket_size_);
   }
   if (whole_model_unit_) {
-    gather(0);
+    // A GatheredParameters scope open across the step reads (and may write back) exact values
+    // (NOTE [block-wise quantization]).
+    gather(0, /*exact=*/units_[0].held > 0);
     fetcher_.wait(units_[0].storage);
   }
 }

@@ -360,12 +360,27 @@ TEST(HierarchyCollectives, EveryRankGetsTheSameBitsAndOtherLayoutsStayFlat) {
           << error_text(e);
     }
   }
-  // DSCPP_COMM_HIERARCHY=off: flat over the same hosts.
+  // DSCPP_COMM_HIERARCHY=off: flat over the same hosts; off on one rank is off for all (nobody
+  // waits in a hierarchy the others never set up).
   CommOptions off;
   off.hierarchy = "off";
   expect_no_errors(testing::run_thread_ranks_with(testing::on_hosts(2, off), 4, [&](Communicator& c) {
     EXPECT_EQ(c.backend_name(), "gloo");
   }));
+  for (int odd_one : {0, 3}) {
+    auto options_of = [&](int rank) {
+      CommOptions o = testing::on_hosts(2)(rank);
+      if (rank == odd_one) o.hierarchy = "off";
+      o.rendezvous_timeout = std::chrono::seconds(20);
+      return o;
+    };
+    expect_no_errors(testing::run_thread_ranks_with(options_of, 4, [&](Communicator& c) {
+      EXPECT_EQ(c.backend_name(), "gloo");
+      auto t = rank_input(c.rank(), 100);
+      c.all_reduce(t)->wait();
+      EXPECT_TRUE(at::equal(t, expected_reduce(4, 100, ReduceOp::sum)));
+    }));
+  }
 }
 
 // Ranks that enter different collectives fail at the first barrier, naming both sides, without
@@ -581,6 +596,16 @@ TEST(Quantize, BlockWiseRoundTripsWithinHalfAStep) {
     auto eback = at::empty_like(exact);
     dequantize(ec, es, eback, f);
     EXPECT_TRUE(at::equal(eback, exact)) << what;
+    // Tiny values (subnormal fp32) come back within FLT_MIN / 2, zeros as zeros.
+    auto tiny = at::zeros({f.block});
+    tiny.narrow(0, 0, 8).fill_(1e-40f);
+    auto tc = at::empty({code_bytes(tiny.numel(), f)}, at::kChar);
+    auto ts = at::empty({1});
+    quantize(tiny, tc, ts, f);
+    auto tback = at::empty_like(tiny);
+    dequantize(tc, ts, tback, f);
+    EXPECT_LE((tback - tiny).abs().max().item<float>(), std::numeric_limits<float>::min()) << what;
+    EXPECT_TRUE(at::equal(tback.narrow(0, 8, f.block - 8), at::zeros({f.block - 8}))) << what;
     // A non-finite value poisons its own block only.
     auto bad = at::ones({2 * f.block});
     bad[5] = std::numeric_limits<float>::infinity();
