@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <functional>
 #include <thread>
@@ -108,6 +109,21 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& local_
   return c10d::ProcessGroupGloo::createDeviceForHostname(local_address);
 }
 
+// Every rank sets KEY<rank> to `mine`; returns all ranks' values once every one has.
+std::vector<std::string> exchange(c10d::Store& store, const std::string& key, int rank, int world,
+                                  const std::string& mine, std::chrono::milliseconds timeout) {
+  store.set(key + std::to_string(rank), bytes(mine));
+  std::vector<std::string> keys;
+  for (int r = 0; r < world; ++r) keys.push_back(key + std::to_string(r));
+  store.wait(keys, timeout);
+  std::vector<std::string> values;
+  for (const auto& k : keys) {
+    auto v = store.get(k);
+    values.emplace_back(v.begin(), v.end());
+  }
+  return values;
+}
+
 using BackendFactory = std::function<c10::intrusive_ptr<c10d::Backend>(
     const std::string& prefix, int rank, int world_size)>;
 
@@ -128,16 +144,13 @@ std::unique_ptr<HostCollectives> make_hierarchy(c10d::Store& store, const std::s
                                 options.shm_slot_bytes, options.rendezvous_timeout,
                                 options.timeout, &setup);
   // Every host's outcome, so that all ranks decide alike.
-  const std::string key = fmt::format("{}/hierarchy/ok/", prefix);
-  store.set(key + std::to_string(rank), bytes(local ? "1" : "0" + setup.why));
-  std::vector<std::string> keys;
-  for (int r = 0; r < static_cast<int>(hosts.size()); ++r) keys.push_back(key + std::to_string(r));
-  store.wait(keys, options.rendezvous_timeout);
-  for (int r = 0; r < static_cast<int>(hosts.size()); ++r) {
-    auto v = store.get(keys[r]);
-    if (v.empty() || v[0] != '1') {
+  const auto outcomes =
+      exchange(store, prefix + "/hierarchy/ok/", rank, static_cast<int>(hosts.size()),
+               local ? "1" : "0" + setup.why, options.rendezvous_timeout);
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    if (outcomes[r].rfind('1', 0) != 0) {
       *why = fmt::format("rank {} could not set up shared memory on its host: {}", r,
-                         std::string(v.begin() + (v.empty() ? 0 : 1), v.end()));
+                         outcomes[r].substr(outcomes[r].empty() ? 0 : 1));
       return nullptr;
     }
   }
@@ -181,13 +194,10 @@ std::unique_ptr<HostCollectives> make_host_collectives(c10d::Store& store,
   // so that no rank waits in a hierarchy others never set up.
   bool hierarchy = false;
   if (setup.result == ShmGroup::Setup::kSeveralHosts) {
-    const std::string key = prefix + "/hierarchy/wanted/";
-    store.set(key + std::to_string(rank), bytes(options.hierarchy == "auto" ? "1" : "0"));
-    std::vector<std::string> keys;
-    for (int r = 0; r < world_size; ++r) keys.push_back(key + std::to_string(r));
-    store.wait(keys, options.rendezvous_timeout);
-    hierarchy = true;
-    for (const auto& k : keys) hierarchy = hierarchy && store.get(k) == bytes("1");
+    const auto wanted = exchange(store, prefix + "/hierarchy/wanted/", rank, world_size,
+                                 options.hierarchy == "auto" ? "1" : "0",
+                                 options.rendezvous_timeout);
+    hierarchy = std::all_of(wanted.begin(), wanted.end(), [](const auto& w) { return w == "1"; });
   }
   if (hierarchy) {
     std::string why;
