@@ -5,8 +5,8 @@
 # ssh. Each round runs the same training once per variant (TRANSPORTS), alternated:
 #   flat  DSCPP_COMM_HIERARCHY=off: every collective on Gloo over TCP, ranks in one ring
 #   hier  shared memory inside each host, Gloo between hosts (NOTE [hierarchical collectives])
-#   +qwz, +qgz (after either): ZeRO++'s zero_quantized_weights / zero_quantized_gradients
-#         (stage 3)
+#   +qwz, +qgz, +hpz (after either): ZeRO++'s zero_quantized_weights /
+#         zero_quantized_gradients / zero_hpz_partition_size = PER_HOST (stage 3)
 # and reports, per variant, the bytes that crossed between hosts per training step (exact: the
 # hosts' interface counters, TCP/IP headers included, over STEPS - 2 steps, from two runs of the
 # first round), the median tokens/s and time per step over the rounds, each against the first
@@ -20,7 +20,9 @@
 #   in the kernel, else only the rate is shaped (tbf), which the report says
 #   PLOT=FILE.svg  the loss curves of the last round and their difference from the first variant
 #   TRANSPORTS="flat hier" (e.g. "hier hier+qwz hier+qwz+qgz" with STAGE=3); BUCKETS=N sets reduce/allgather_bucket_size (default: the config's
-#   defaults, as a user would run); LOGGER=1 turns the comms_logger on and prints rank 0's table
+#   defaults, as a user would run); ZERO='"key": value, ...' adds zero_optimization keys (e.g.
+#   '"stage3_max_reuse_distance": 0', so that stage 3 gathers every unit again in backward);
+#   LOGGER=1 turns the comms_logger on and prints rank 0's table
 #   (the bytes each collective sent to the own host and to other hosts)
 # The machine's 2 cores are oversubscribed beyond 2 ranks: compare times only between the
 # transports of one run; the bytes do not depend on it.
@@ -98,12 +100,15 @@ logger=""
 [ "${LOGGER:-0}" = 1 ] && logger=', "comms_logger": {"enabled": true}'
 buckets=""
 [ -n "${BUCKETS:-}" ] && buckets=", \"reduce_bucket_size\": $BUCKETS, \"allgather_bucket_size\": $BUCKETS"
+[ -n "${ZERO:-}" ] && buckets+=", $ZERO"
 # write_config VARIANT: the config of a variant (flat, hier, hier+qwz, hier+qgz, ...) to
-# $WORK/VARIANT.json; +qwz and +qgz turn on zero_quantized_weights / zero_quantized_gradients.
+# $WORK/VARIANT.json; +qwz and +qgz turn on zero_quantized_weights / zero_quantized_gradients,
+# +hpz sets zero_hpz_partition_size to the ranks per host.
 write_config() {
   local zpp=""
   case "$1" in *+qwz*) zpp+=', "zero_quantized_weights": true' ;; esac
   case "$1" in *+qgz*) zpp+=', "zero_quantized_gradients": true' ;; esac
+  case "$1" in *+hpz*) zpp+=", \"zero_hpz_partition_size\": $PER_HOST" ;; esac
   cat >"$WORK/$1.json" <<JSON
 {"train_batch_size": $((MB * WORLD)), "train_micro_batch_size_per_gpu": $MB, "steps_per_print": 1000,
  "gradient_clipping": 1.0, "zero_optimization": {"stage": $STAGE$buckets$zpp},

@@ -117,6 +117,16 @@ class Communicator {
   // inside libtorch).
   virtual WorkHandle all_gather_into(std::vector<at::Tensor> outputs, at::Tensor input) = 0;
 
+  // ZeRO++ hpZ (zero_hpz_partition_size): how many ranks form this rank's host group, the
+  // ranks whose collectives go through shared memory with it: R under hierarchical collectives
+  // (H >= 2 hosts of R consecutive ranks), the world when shared memory carries every rank on
+  // one host, 1 when every pair of ranks talks over TCP or NCCL.
+  virtual int host_group_size() const = 0;
+  // all_gather_into among this rank's host group (ranks h*R .. h*R+R-1 for host h):
+  // outputs[l] receives the input of the group's l-th rank; input may be outputs[own place].
+  // A collective of the whole world: every rank calls it, each host gathering its own.
+  virtual WorkHandle host_all_gather_into(std::vector<at::Tensor> outputs, at::Tensor input) = 0;
+
   virtual WorkHandle broadcast(at::Tensor tensor, int root) = 0;
   virtual WorkHandle barrier() = 0;
   virtual WorkHandle send(at::Tensor tensor, int dst) = 0;

@@ -333,6 +333,11 @@ struct ZeroConfig {
   // block-wise int4 codes and scales, all-to-all (NOTE [quantized reduce-scatter]); exact inside
   // a host and on one host. Default false; no effect below stage 3 (as in DeepSpeed).
   bool zero_quantized_gradients = false;
+  // Stage 3 (ZeRO++ hpZ): ranks in the secondary partition, a copy of the weights sharded inside
+  // each host that backward gathers from (NOTE [secondary partition]). 0 and 1: off (default
+  // 1); otherwise it must equal the ranks per host of hierarchical collectives (checked when the
+  // engine starts). >= 0. No effect below stage 3 (as in DeepSpeed).
+  int64_t zero_hpz_partition_size = 1;
   // Stage 3: gather full 16-bit weights when the model is saved. Default false.
   // Aliases: gather_16bit_weights_on_model_save, stage3_gather_fp16_weights_on_model_save
   // (deprecated).

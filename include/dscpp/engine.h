@@ -118,8 +118,8 @@ struct MemoryStats {
   int64_t master = 0;           // fp32 master weights (mixed precision; fp32: the params are)
   int64_t optimizer_state = 0;  // this rank's optimizer state
   int64_t staging = 0;          // stages 2-3's gradient staging buffers (contiguous_gradients)
-  // Stage 3: the most bytes of gathered unit parameters held at once so far (live units),
-  // beyond the model states.
+  // Stage 3: the most bytes of gathered unit parameters held at once so far (live units, and
+  // with zero_hpz_partition_size the secondary shards), beyond the model states.
   int64_t gathered = 0;
   // offload_optimizer nvme: the aligned buffers the swap pipeline cycles through (the master
   // weights and optimizer state themselves are on disk, so master and optimizer_state are 0).

@@ -448,20 +448,52 @@ WorkHandle C10dCommunicator::all_gather(at::Tensor output, at::Tensor input,
   });
 }
 
-WorkHandle C10dCommunicator::all_gather_into(std::vector<at::Tensor> outputs, at::Tensor input) {
-  DSCPP_CHECK(static_cast<int>(outputs.size()) == world_size_, CommError, "all_gather_into: ",
-              outputs.size(), " outputs but the world size is ", world_size_);
-  check_flat(input, "all_gather_into input");
+namespace {
+
+// all_gather_into's arguments for a group of outputs.size() ranks where this rank is `place`;
+// returns the elements gathered.
+int64_t check_gather_into(const char* what, const std::vector<at::Tensor>& outputs,
+                          const at::Tensor& input, int group, const char* group_name,
+                          int place) {
+  DSCPP_CHECK(static_cast<int>(outputs.size()) == group, CommError, what, ": ", outputs.size(),
+              " outputs but the ", group_name, " is ", group);
+  check_flat(input, what);
   int64_t total = 0;
   for (auto& o : outputs) {
-    check_flat(o, "all_gather_into output");
+    check_flat(o, what);
     DSCPP_CHECK(o.scalar_type() == input.scalar_type() && o.device() == input.device(), CommError,
-                "all_gather_into: an output is ", o.scalar_type(), " on ", o.device(),
-                ", the input ", input.scalar_type(), " on ", input.device());
+                what, ": an output is ", o.scalar_type(), " on ", o.device(), ", the input ",
+                input.scalar_type(), " on ", input.device());
     total += o.numel();
   }
-  DSCPP_CHECK(outputs[rank_].numel() == input.numel(), CommError, "all_gather_into: output ",
-              rank_, " has ", outputs[rank_].numel(), " elements, the input ", input.numel());
+  DSCPP_CHECK(outputs[place].numel() == input.numel(), CommError, what, ": output ", place,
+              " has ", outputs[place].numel(), " elements, the input ", input.numel());
+  return total;
+}
+
+}  // namespace
+
+WorkHandle C10dCommunicator::host_all_gather_into(std::vector<at::Tensor> outputs,
+                                                  at::Tensor input) {
+  const int group = host_group_size();
+  const int64_t total = check_gather_into("host_all_gather_into", outputs, input, group,
+                                          "host group size", rank_ % group);
+  DSCPP_CHECK(!host_ || host_->supports(input), CommError, "host_all_gather_into: ",
+              input.scalar_type(), " on ", input.device(), " is not carried by ", host_->name());
+  OpDesc d{OpKind::all_gather, input.scalar_type(), total, -1};
+  return enqueue(d, true, [this, outputs, input](int64_t seq) mutable -> Pending {
+    if (host_) {
+      host_->host_all_gather(outputs, input, seq);
+    } else if (outputs[0].data_ptr() != input.data_ptr()) {
+      outputs[0].copy_(input);  // a group of one: this rank
+    }
+    return {};
+  });
+}
+
+WorkHandle C10dCommunicator::all_gather_into(std::vector<at::Tensor> outputs, at::Tensor input) {
+  const int64_t total = check_gather_into("all_gather_into", outputs, input, world_size_,
+                                          "world size", rank_);
   OpDesc d{OpKind::all_gather, input.scalar_type(), total, -1};
   return enqueue(d, true, [this, outputs, input](int64_t seq) mutable -> Pending {
     if (host_ && host_->supports(input)) {

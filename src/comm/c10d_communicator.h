@@ -55,6 +55,8 @@ class C10dCommunicator final : public Communicator {
   WorkHandle all_gather(at::Tensor output, at::Tensor input,
                         std::vector<int64_t> counts) override;
   WorkHandle all_gather_into(std::vector<at::Tensor> outputs, at::Tensor input) override;
+  int host_group_size() const override { return host_ ? host_->host_size() : 1; }
+  WorkHandle host_all_gather_into(std::vector<at::Tensor> outputs, at::Tensor input) override;
   WorkHandle broadcast(at::Tensor tensor, int root) override;
   WorkHandle barrier() override;
   WorkHandle send(at::Tensor tensor, int dst) override;

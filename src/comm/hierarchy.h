@@ -89,6 +89,12 @@ class HostHierarchy final : public HostCollectives {
                                 int64_t seq) override;
   void all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
                   int64_t seq) override;
+  // This host's ranks only, through shared memory (ZeRO++ hpZ's secondary gathers).
+  int host_size() const override { return layout_.per_host; }
+  void host_all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                       int64_t seq) override {
+    local_->all_gather(outputs, input, seq);
+  }
   void broadcast(const at::Tensor& tensor, int root, int64_t seq) override;
   void barrier(int64_t seq) override;
   Traffic take_traffic() override;

@@ -40,6 +40,11 @@ class HostCollectives {
   // outputs[r] receives rank r's input; input may be outputs[rank].
   virtual void all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
                           int64_t seq) = 0;
+  // The ranks that share this rank's memory (Communicator::host_group_size), and all_gather
+  // among them only: outputs[l] receives local rank l's input.
+  virtual int host_size() const = 0;
+  virtual void host_all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                               int64_t seq) = 0;
   virtual void broadcast(const at::Tensor& tensor, int root, int64_t seq) = 0;
   virtual void barrier(int64_t seq) = 0;
 

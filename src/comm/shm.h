@@ -95,6 +95,12 @@ class ShmGroup final : public HostCollectives {
                       const std::vector<int64_t>& counts, ReduceOp op, int64_t seq) override;
   void all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
                   int64_t seq) override;
+  // One host: the host group is the world.
+  int host_size() const override { return world_; }
+  void host_all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                       int64_t seq) override {
+    all_gather(outputs, input, seq);
+  }
   void broadcast(const at::Tensor& tensor, int root, int64_t seq) override;
   void barrier(int64_t seq) override;
 

@@ -466,6 +466,7 @@ const Keys<ZeroConfig>& zero_keys() {
           .key("round_robin_gradients", &Z::round_robin_gradients)
           .key("zero_quantized_weights", &Z::zero_quantized_weights)
           .key("zero_quantized_gradients", &Z::zero_quantized_gradients)
+          .key("zero_hpz_partition_size", &Z::zero_hpz_partition_size, at_least<int64_t>(0))
           .key("sub_group_size", &Z::sub_group_size, above<int64_t>(0))
           .key("ignore_unused_parameters", &Z::ignore_unused_parameters)
           .key("stage3_prefetch_bucket_size", &Z::stage3_prefetch_bucket_size, at_least<int64_t>(0),
@@ -563,18 +564,6 @@ void parse_zero(JsonReader& root, ZeroConfig* z) {
                           "zenflow"})
     r.unimplemented(key);
   // The rest of ZeRO++: their defaults (off) are accepted; asking for them is refused.
-  int64_t hpz = 1;
-  if (r.get("zero_hpz_partition_size", &hpz) && hpz > 1) {
-    r.fail("zero_hpz_partition_size",
-           std::to_string(hpz) +
-               " (hpZ, a secondary copy of the weights sharded inside each host) is not "
-               "implemented yet: stage 3's backward gathers every rank's shard. HINT: remove it "
-               "(or set 1); across hosts the all-gathers already go through shared memory inside "
-               "each host (docs/comm.md, \"Across hosts\"), and zero_quantized_weights cuts "
-               "their bytes between hosts");
-  }
-  DSCPP_CHECK(hpz >= 0, ConfigError, r.path("zero_hpz_partition_size"), " is ", hpz,
-              "; it must be >= 0 (DeepSpeed's rule)");
   bool flag_on = false;
   if (r.get("zero_quantized_nontrainable_weights", &flag_on) && flag_on) {
     r.fail("zero_quantized_nontrainable_weights",
@@ -607,7 +596,8 @@ void parse_zero(JsonReader& root, ZeroConfig* z) {
                             "stage3_param_persistence_threshold", "param_persistence_threshold",
                             "stage3_max_live_parameters", "max_live_parameters",
                             "stage3_max_reuse_distance", "max_reuse_distance", "leaf_module",
-                            "zero_quantized_weights", "zero_quantized_gradients"}) {
+                            "zero_quantized_weights", "zero_quantized_gradients",
+                            "zero_hpz_partition_size"}) {
       if (r.has(key)) given += (given.empty() ? "" : ", ") + std::string(key);
     }
     if (!given.empty()) {

@@ -94,6 +94,9 @@ class EngineImpl {
   // model's device.
   zero::StrategyOptions strategy_options(const zero::FlatLayout& layout) const;
   void check_offload_devices();
+  // zero_hpz_partition_size against the ranks the collectives put on one host: the secondary
+  // partition's size (1: none). Refuses a size hpZ cannot use, saying why.
+  int secondary_partition_size() const;
   // Every rank starts from rank 0's weights, frozen parameters and buffers.
   void broadcast_initial_state(bool trainable_broadcast_done);
   void cast_the_rest();

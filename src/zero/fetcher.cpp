@@ -17,8 +17,16 @@ c10::StorageImpl* storage_of(const at::Tensor& t) { return t.storage().unsafeGet
 
 }  // namespace
 
-ParamFetcher::ParamFetcher(comm::Communicator& comm, bool debug_nan, bool quantize_weights)
-    : comm_(comm), debug_nan_(debug_nan), quantize_(quantize_weights) {}
+ParamFetcher::ParamFetcher(comm::Communicator& comm, bool debug_nan, bool quantize_weights,
+                           int secondary_group)
+    : comm_(comm),
+      debug_nan_(debug_nan),
+      quantize_(quantize_weights),
+      secondary_group_(secondary_group) {
+  DSCPP_CHECK(secondary_group_ == 1 || comm_.host_group_size() == secondary_group_, Error,
+              "internal: hpZ's group of ", secondary_group_, " ranks is not the host group of ",
+              comm_.host_group_size());
+}
 
 at::Tensor ParamFetcher::take(std::map<int64_t, std::vector<at::Tensor>>& pool, int64_t n,
                               const at::TensorOptions& options) {
@@ -49,7 +57,7 @@ void ParamFetcher::park(FetchUnit& u) {
   s->set_nbytes(u.block.nbytes());
 }
 
-void ParamFetcher::gather(FetchUnit& u, bool exact) {
+void ParamFetcher::gather(FetchUnit& u, Gather kind) {
   DSCPP_CHECK(!u.gathered, Error, "internal: unit '", u.name, "' is gathered already");
   const int64_t n = u.full.numel();
   if (n == 0) {  // a unit whose parameters all stay whole (stage3_param_persistence_threshold)
@@ -64,10 +72,22 @@ void ParamFetcher::gather(FetchUnit& u, bool exact) {
   s->set_nbytes(u.block.nbytes());
   u.gathered = true;
   live_ += static_cast<int64_t>(u.block.nbytes());
-  peak_ = std::max(peak_, live_);
+  peak_ = std::max(peak_, live_ + secondary_);
+  if (kind == Gather::kBackward && u.secondary.defined()) {
+    // NOTE [secondary partition]: from the host's secondary shards, through shared memory.
+    const int64_t part = n / secondary_group_;
+    std::vector<at::Tensor> outputs;
+    for (int l = 0; l < secondary_group_; ++l) outputs.push_back(u.full.narrow(0, l * part, part));
+    u.quantized = false;
+    u.keep_secondary = false;
+    u.work = comm_.host_all_gather_into(outputs, u.secondary);
+    fault::point(fault::Phase::all_gather);
+    return;
+  }
   const int world = comm_.world_size();
   const int64_t shard = u.shard.numel();
-  u.quantized = quantize_ && !exact;
+  u.quantized = quantize_ && kind != Gather::kExact;
+  u.keep_secondary = secondary_group_ > 1 && kind == Gather::kForward;
   if (!u.quantized) {
     std::vector<at::Tensor> outputs;
     for (int r = 0; r < world; ++r) outputs.push_back(u.full.narrow(0, r * shard, shard));
@@ -103,21 +123,41 @@ void ParamFetcher::wait(FetchUnit& u) {
     }
   } drop{u};
   w->wait();
-  if (!u.quantized) return;
-  comm::WorkHandle s = std::move(u.scale_work);
-  u.scale_work = nullptr;
-  s->wait();
-  const int world = comm_.world_size();
-  const int64_t shard = u.full.numel() / world;
-  const int64_t blocks = comm::quant_blocks(shard, comm::kWeightFormat);
-  for (int r = 0; r < world; ++r) {
-    comm::dequantize(u.codes.narrow(0, r * shard, shard), u.scales.narrow(0, r * blocks, blocks),
-                     u.full.narrow(0, r * shard, shard), comm::kWeightFormat);
+  if (u.quantized) {
+    comm::WorkHandle s = std::move(u.scale_work);
+    u.scale_work = nullptr;
+    s->wait();
+    const int world = comm_.world_size();
+    const int64_t shard = u.full.numel() / world;
+    const int64_t blocks = comm::quant_blocks(shard, comm::kWeightFormat);
+    for (int r = 0; r < world; ++r) {
+      comm::dequantize(u.codes.narrow(0, r * shard, shard),
+                       u.scales.narrow(0, r * blocks, blocks), u.full.narrow(0, r * shard, shard),
+                       comm::kWeightFormat);
+    }
+    free_codes_[u.codes.numel()].push_back(std::move(u.codes));
+    free_scales_[u.scales.numel()].push_back(std::move(u.scales));
+    u.codes = at::Tensor();
+    u.scales = at::Tensor();
   }
-  free_codes_[u.codes.numel()].push_back(std::move(u.codes));
-  free_scales_[u.scales.numel()].push_back(std::move(u.scales));
-  u.codes = at::Tensor();
-  u.scales = at::Tensor();
+  if (u.keep_secondary) {
+    // NOTE [secondary partition]: this rank's share of what forward computes with.
+    u.keep_secondary = false;
+    const int64_t part = u.full.numel() / secondary_group_;
+    if (!u.secondary.defined()) {
+      u.secondary = take(free_secondary_, part, u.full.options());
+      secondary_ += static_cast<int64_t>(u.secondary.nbytes());
+      peak_ = std::max(peak_, live_ + secondary_);
+    }
+    u.secondary.copy_(u.full.narrow(0, comm_.rank() % secondary_group_ * part, part));
+  }
+}
+
+void ParamFetcher::drop_secondary(FetchUnit& u) {
+  if (!u.secondary.defined()) return;
+  secondary_ -= static_cast<int64_t>(u.secondary.nbytes());
+  free_secondary_[u.secondary.numel()].push_back(std::move(u.secondary));
+  u.secondary = at::Tensor();
 }
 
 void ParamFetcher::release(FetchUnit& u) {

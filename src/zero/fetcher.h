@@ -44,28 +44,60 @@ struct FetchUnit {
   bool quantized = false;
   at::Tensor codes, scales;
   comm::WorkHandle scale_work;
+  // ZeRO++ hpZ (NOTE [secondary partition]): this rank's share of `full` inside its host group,
+  // [padded / R], kept from a training forward's gather until backward is done with the unit;
+  // `keep_secondary`: the gather in flight refreshes it when done.
+  at::Tensor secondary;
+  bool keep_secondary = false;
 };
 
+// What a gather is for, which decides where its values come from.
+enum class Gather {
+  kPlain,     // every rank's shard (int8 codes under qwZ)
+  kForward,   // kPlain; with hpZ this rank also keeps its secondary shard of the result
+  kBackward,  // from the host group's secondary shards when the unit has them (hpZ), else kPlain
+  kExact,     // every rank's shard in the training dtype, never quantized (GatheredParameters,
+              // which may write the values back)
+};
+
+// NOTE [secondary partition] (ZeRO++ hpZ, zero_hpz_partition_size = R, the ranks per host):
+// a training forward gathers a unit from every rank's shard, across hosts, as without hpZ; when
+// that gather is done each rank copies its 1/R share of the result (rank h*R + l keeps
+// elements [l, l+1) x padded/R) into `secondary`. Backward then gathers the unit from its host's
+// R secondary shards through shared memory, so no byte of backward's parameter gathers leaves
+// a host. Under qwZ the secondary holds the dequantized values forward computed with, and
+// backward gathers them exactly, so both passes see the same weights; without qwZ the values are
+// the shards' own and training is plain stage 3 bit for bit. The secondaries cost padded/R
+// elements per rank for the units between their forward and their backward (DeepSpeed keeps its
+// secondary tensors for the whole run); they are dropped as backward releases each unit, and
+// refreshed by the next forward, so an update never leaves a stale one.
 class ParamFetcher {
  public:
-  // `quantize_weights`: gathers send block-wise int8 codes and scales (NOTE [block-wise quantization])
-  // instead of the training dtype, unless gather() is asked for the exact values.
-  ParamFetcher(comm::Communicator& comm, bool debug_nan, bool quantize_weights = false);
+  // `quantize_weights`: gathers send block-wise int8 codes and scales (NOTE [block-wise
+  // quantization]) instead of the training dtype, except exact ones. `secondary_group`: hpZ's R
+  // (the communicator's host group), 1 for none.
+  ParamFetcher(comm::Communicator& comm, bool debug_nan, bool quantize_weights = false,
+               int secondary_group = 1);
   // Makes `full`'s storage empty (a new unit, or at set-up).
   static void swap_out(FetchUnit& u);
   // A unit set up released: its storage empty, or in debug mode a NaN-filled block.
   void park(FetchUnit& u);
-  // Swaps a block in and launches the all-gather of the shards into it; returns at once.
-  // `exact`: the shards' own values even when quantizing (GatheredParameters, which may write
-  // them back).
-  void gather(FetchUnit& u, bool exact = false);
-  // Waits for u's all-gather (if any) and dequantizes a quantized one into `full`, then drops a
-  // shard brought in from disk. Throws CommError if it failed.
+  // Swaps a block in and launches the all-gather into it that `kind` says; returns at once.
+  void gather(FetchUnit& u, Gather kind = Gather::kPlain);
+  // Waits for u's all-gather (if any), dequantizes a quantized one into `full`, keeps the
+  // secondary shard when asked, then drops a shard brought in from disk. Throws CommError if it
+  // failed.
   void wait(FetchUnit& u);
+  // hpZ: returns u's secondary shard to the pool (backward is done with u).
+  void drop_secondary(FetchUnit& u);
+  int secondary_group() const { return secondary_group_; }
+  // Bytes of secondary shards held now (hpZ).
+  int64_t secondary_bytes() const { return secondary_; }
   // Swaps u's memory out (debug: fills it with NaN and keeps it) and returns the block to the
   // pool. Waits for an all-gather still in flight first.
   void release(FetchUnit& u);
-  // Bytes of gathered units now, the most at once so far, and of every pooled block.
+  // Bytes of gathered units now, the most at once so far (with the secondary shards held then),
+  // and of every pooled block.
   int64_t live_bytes() const { return live_; }
   int64_t peak_live_bytes() const { return peak_; }
   int64_t pool_bytes() const { return pool_; }
@@ -79,10 +111,12 @@ class ParamFetcher {
   comm::Communicator& comm_;
   bool debug_nan_;
   bool quantize_;
+  int secondary_group_;
   std::map<int64_t, std::vector<at::Tensor>> free_;  // free blocks by element count
   // int8 codes and float scales of quantized gathers, by element count
   std::map<int64_t, std::vector<at::Tensor>> free_codes_, free_scales_;
-  int64_t live_ = 0, peak_ = 0, pool_ = 0;
+  std::map<int64_t, std::vector<at::Tensor>> free_secondary_;  // hpZ's, by element count
+  int64_t live_ = 0, peak_ = 0, pool_ = 0, secondary_ = 0;
 };
 
 }  // namespace dscpp::zero

@@ -82,6 +82,10 @@ struct Stage3Options {
   // zero_quantized_weights (ZeRO++ qwZ): forward's and backward's gathers send int8 codes and
   // block scales (NOTE [block-wise quantization]); GatheredParameters still gathers exact values.
   bool quantize_weights = false;
+  // zero_hpz_partition_size (ZeRO++ hpZ): R > 1 keeps a secondary partition inside each host of
+  // R ranks for backward's gathers (NOTE [secondary partition]); the communicator's host group
+  // must have R ranks. 1: off.
+  int secondary_group = 1;
   // offload_param nvme (NOTE [stage 3 parameter offload]): makes the swap file for the shards of
   // the units past the first `max_in_cpu` shard elements (their lengths in part order, training
   // dtype); null: every shard stays in memory.
@@ -194,7 +198,13 @@ class Stage3 final : public Strategy {
   void report_layout() const;
 
   // Launches u's all-gather (fetcher.h), bringing its shard in from disk first when it is there.
-  void gather(int u, bool exact = false);
+  void gather(int u, Gather kind);
+  // The kind of gather a request made now needs: backward's (hpZ's secondary), a training
+  // forward's, or an evaluation's.
+  Gather request_kind() const;
+  // hpZ: every unit's secondary shard goes back to the pool (backward is over, or the shards
+  // change).
+  void drop_secondaries();
   // Reads ahead the shards on disk of the next requests in the record.
   void read_ahead();
   // Ensures u is gathered and its all-gather done; with `record`, records / follows the order
@@ -255,6 +265,7 @@ class Stage3 final : public Strategy {
   std::unique_ptr<SlotReducer> reducer_;
   ParamFetcher fetcher_;
   int running_ = -1;  // the unit whose fn runs now (units do not nest)
+  bool backward_ = false;  // between before_backward and after_backward
   int64_t registry_id_ = 0;
   torch::nn::Module* model_ = nullptr;
   PartTap tap_;  // mixed precision: the master weights take written-back values through it

@@ -39,7 +39,7 @@ void take_shard(int64_t offset, const at::Tensor& values, int64_t shard_begin, i
 Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& comm,
                const StrategyOptions& options, const Stage3Options& s3,
                const PartTapFactory& make_tap)
-    : comm_(comm), s3_(s3), fetcher_(comm, s3.debug, s3.quantize_weights), model_(&model) {
+    : comm_(comm), s3_(s3), fetcher_(comm, s3.debug, s3.quantize_weights, s3.secondary_group), model_(&model) {
   DSCPP_CHECK(!np.params.empty(), ConfigError,
               "the model has no trainable parameters (requires_grad). HINT: nothing to train");
   options_ = np.params[0].options().dtype(options.reduce.dtype).requires_grad(false);
@@ -67,7 +67,7 @@ Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& com
           "dscpp::zero::call (docs/zero.md, \"Stage 3\"). This model's top-level modules: {}",
           top_level_modules(model));
     }
-    gather(0);
+    gather(0, Gather::kPlain);
     fetcher_.wait(units_[0].storage);
   }
   if (comm_.rank() == 0) report_layout();

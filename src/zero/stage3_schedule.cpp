@@ -157,7 +157,7 @@ void Stage3::request_gathered(int u, bool record) {
     }
   }
   if (!unit.storage.gathered) {
-    gather(u);
+    gather(u, request_kind());
     ++stats_.gathers;
   }
   if (unit.storage.work) {
@@ -169,12 +169,23 @@ void Stage3::request_gathered(int u, bool record) {
   if (record && following_) prefetch();
 }
 
-void Stage3::gather(int u, bool exact) {
+void Stage3::gather(int u, Gather kind) {
   Unit& unit = units_[u];
-  if (unit.disk >= 0 && !unit.storage.shard.defined() && !unit.storage.gathered) {
+  const bool from_host = kind == Gather::kBackward && unit.storage.secondary.defined();
+  if (unit.disk >= 0 && !unit.storage.shard.defined() && !unit.storage.gathered && !from_host) {
     unit.storage.shard = param_swap_->take(unit.disk);
   }
-  fetcher_.gather(unit.storage, exact);
+  fetcher_.gather(unit.storage, kind);
+}
+
+Gather Stage3::request_kind() const {
+  if (backward_) return Gather::kBackward;
+  return at::GradMode::is_enabled() ? Gather::kForward : Gather::kPlain;
+}
+
+void Stage3::drop_secondaries() {
+  if (fetcher_.secondary_group() == 1) return;
+  for (auto& u : units_) fetcher_.drop_secondary(u.storage);
 }
 
 void Stage3::read_ahead() {
@@ -182,7 +193,9 @@ void Stage3::read_ahead() {
   // as far as the swapper has buffers for; units gathered now need none.
   for (size_t j = cursor_; j < record_.size(); ++j) {
     const Unit& v = units_[record_[j]];
-    if (v.disk < 0 || v.storage.gathered) continue;
+    // A unit with a secondary shard is gathered inside the host until backward is done with it
+    // (NOTE [secondary partition]); a second forward request takes its shard on demand.
+    if (v.disk < 0 || v.storage.gathered || v.storage.secondary.defined()) continue;
     if (!param_swap_->read_ahead(v.disk)) break;
   }
 }
@@ -224,7 +237,7 @@ void Stage3::gather_ahead() {
       continue;
     }
     if (fetcher_.live_bytes() / item + n > s3_.max_live_parameters) break;
-    gather(record_[j]);
+    gather(record_[j], request_kind());
     ++stats_.gathers;
     ++stats_.prefetched;
     in_flight += n;
@@ -250,6 +263,7 @@ void Stage3::maybe_release(int u) {
   if (unit.in_backward && (!unit.grads_done || unit.pending_inputs > 0)) return;
   if (unit.held > 0 || reused_soon(u)) return;
   fetcher_.release(unit.storage);
+  if (unit.in_backward) fetcher_.drop_secondary(unit.storage);  // NOTE [secondary partition]
 }
 
 void Stage3::enter_backward(int u) {
@@ -277,6 +291,7 @@ void Stage3::on_group_complete(int group) {
 
 void Stage3::before_backward(const at::Tensor& loss) {
   raise_deferred();
+  backward_ = true;
   watch_paused_ = true;
   if (s3_.debug && !whole_model_unit_) check_used_inside_units(loss);
 }
@@ -334,6 +349,8 @@ void Stage3::after_backward() {
     u.in_backward = false;
     u.grads_done = false;
   }
+  backward_ = false;
+  drop_secondaries();
   if (!following_ || dropped_) {
     if (!current_.empty() && !whole_model_unit_) check_order_across_ranks();
     record_ = current_;
@@ -389,6 +406,7 @@ void Stage3::check_order_across_ranks() {
 void Stage3::before_update() {
   OwnOps own;                                                  // NOTE [released reads]
   if (whole_model_unit_) fetcher_.release(units_[0].storage);  // the step runs on the shards
+  drop_secondaries();  // the shards change (a forward without backward may have left some)
 }
 
 void Stage3::reduce_accumulated() {
@@ -397,6 +415,7 @@ void Stage3::reduce_accumulated() {
 
 void Stage3::publish_params() {
   OwnOps own;  // NOTE [released reads]
+  drop_secondaries();  // the shards changed (a step or a load)
   // The resident group is all-gathered as at stage 2; units keep only their (updated) shards.
   if (resident_layout_.padded > 0) {
     gather_in_place(comm_, resident_flat_, resident_layout_.shard, allgather_bucket_size_);
@@ -404,7 +423,7 @@ void Stage3::publish_params() {
   if (whole_model_unit_) {
     // A GatheredParameters scope open across the step reads (and may write back) exact values
     // (NOTE [block-wise quantization]).
-    gather(0, /*exact=*/units_[0].held > 0);
+    gather(0, units_[0].held > 0 ? Gather::kExact : Gather::kPlain);
     fetcher_.wait(units_[0].storage);
   }
 }

@@ -26,6 +26,7 @@ std::map<std::string, std::string> Stage3::load_weights(const std::string& path)
   for (const auto& item : named) wanted.emplace_back(item.key(), item.value().sizes().vec());
   safetensors::check_matches(wanted, reader.shapes(), path);
   before_values_change();
+  drop_secondaries();
   // Where each parameter lives: a unit's (unit, index) or the resident group's (-1, index).
   std::unordered_map<const void*, std::pair<int, int>> place;
   for (size_t u = 0; u < units_.size(); ++u) {
@@ -136,7 +137,7 @@ int Stage3::open_scope(torch::nn::Module& module, std::optional<int> modifier) {
     // values: the scope reads, and may write back, the shards' own (NOTE [block-wise quantization]).
     if (storage.gathered && storage.quantized && units_[u].held == 0) fetcher_.release(storage);
     ++units_[u].held;
-    if (!storage.gathered) gather(static_cast<int>(u), /*exact=*/true);
+    if (!storage.gathered) gather(static_cast<int>(u), Gather::kExact);
   }
   for (int u : scope.units) fetcher_.wait(units_[u].storage);
   scopes_.push_back(scope);
@@ -190,6 +191,7 @@ void Stage3::write_back(int u, int root) {
     return;
   }
   Unit& unit = units_[u];
+  fetcher_.drop_secondary(unit.storage);  // NOTE [secondary partition]: its values change
   at::Tensor f = unit.storage.full.to(at::kFloat);
   comm_.broadcast(f, root)->wait();
   unit.storage.full.copy_(f);

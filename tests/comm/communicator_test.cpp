@@ -281,6 +281,7 @@ TEST(ShmCollectives, EveryRankGetsTheSameBits) {
   o.shm = "on";
   expect_no_errors(run_thread_ranks(world, [&](Communicator& c) {
     ASSERT_EQ(c.backend_name(), "gloo+shm");
+    EXPECT_EQ(c.host_group_size(), world);  // one host: the host group is the world
     auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + c.rank());
     auto t = at::randn({n}, gen);
     auto want = t.to(at::kDouble);
@@ -324,6 +325,14 @@ TEST(HierarchyCollectives, EveryRankGetsTheSameBitsAndOtherLayoutsStayFlat) {
     auto all = at::empty({n});
     c.all_gather(all, out, counts)->wait();
     sums[c.rank()] = all;
+    // hpZ's gather among the host's 2 ranks: the host's inputs only, in local rank order.
+    ASSERT_EQ(c.host_group_size(), 2);
+    auto own = at::full({5}, static_cast<float>(c.rank()));
+    auto got = at::empty({10});
+    c.host_all_gather_into({got.narrow(0, 0, 5), got.narrow(0, 5, 5)}, own)->wait();
+    const float first = static_cast<float>(c.rank() / 2 * 2);
+    EXPECT_TRUE(at::equal(got, at::cat({at::full({5}, first), at::full({5}, first + 1)})))
+        << "rank " << c.rank() << ": " << got;
   }));
   at::Tensor want = at::zeros({n}, at::kDouble);
   for (int r = 0; r < world; ++r) {
@@ -345,6 +354,7 @@ TEST(HierarchyCollectives, EveryRankGetsTheSameBitsAndOtherLayoutsStayFlat) {
     };
     expect_no_errors(testing::run_thread_ranks_with(options_of, 4, [&](Communicator& c) {
       EXPECT_EQ(c.backend_name(), "gloo");
+      EXPECT_EQ(c.host_group_size(), 1);  // no ranks share memory through the collectives
       auto t = rank_input(c.rank(), 1000);
       c.all_reduce(t)->wait();
       EXPECT_TRUE(at::equal(t, expected_reduce(4, 1000, ReduceOp::sum)));

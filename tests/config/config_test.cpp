@@ -547,15 +547,17 @@ TEST(ConfigUnimplemented, WarnsAndIgnores) {
   EXPECT_NE(c.describe().find("DeepSpeed key 'pipeline' is not implemented"), std::string::npos);
 }
 
-// ZeRO++: zero_quantized_weights and zero_quantized_gradients are honoured at stage 3 (no effect
-// below, as in DeepSpeed); the other keys' defaults (off) are accepted and asking for them is
+// ZeRO++: zero_quantized_weights, zero_quantized_gradients and zero_hpz_partition_size are
+// honoured at stage 3 (no effect below, as in DeepSpeed; hpZ's size is checked against the hosts
+// when the engine starts); the other keys' defaults (off) are accepted and asking for them is
 // refused with the reason.
 TEST(ConfigZeroPlusPlus, QuantizedWeightsAreReadTheRestRefusedWhenAskedFor) {
   Config c = Config::parse(R"({"zero_optimization": {"stage": 3, "zero_quantized_weights": true,
-      "zero_hpz_partition_size": 1, "zero_quantized_gradients": true,
+      "zero_hpz_partition_size": 8, "zero_quantized_gradients": true,
       "zero_quantized_nontrainable_weights": false, "zeropp_loco_param": null}})");
   EXPECT_TRUE(c.zero_optimization.zero_quantized_weights);
   EXPECT_TRUE(c.zero_optimization.zero_quantized_gradients);
+  EXPECT_EQ(c.zero_optimization.zero_hpz_partition_size, 8);
   EXPECT_TRUE(c.warnings.empty());
   EXPECT_NE(c.describe().find("zero_optimization.zero_quantized_weights = true"),
             std::string::npos)
@@ -563,9 +565,8 @@ TEST(ConfigZeroPlusPlus, QuantizedWeightsAreReadTheRestRefusedWhenAskedFor) {
   c = Config::parse(R"({"zero_optimization": {"stage": 2, "zero_quantized_weights": true}})");
   EXPECT_TRUE(has_warning(c, "zero_optimization.zero_quantized_weights: stage 3 settings have no "
                              "effect at stage 2; ignored"));
-  EXPECT_NE(parse_error(R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8}})")
-                .find("zero_optimization.zero_hpz_partition_size: 8 (hpZ, a secondary copy of the "
-                      "weights sharded inside each host) is not implemented yet"),
+  EXPECT_NE(parse_error(R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": -2}})")
+                .find("zero_hpz_partition_size"),
             std::string::npos);
   EXPECT_NE(parse_error(R"({"zero_optimization": {"zero_quantized_nontrainable_weights": true}})")
                 .find("(frozen weights stored as int8) is not implemented yet"),

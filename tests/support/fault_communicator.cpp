@@ -74,6 +74,11 @@ WorkHandle FaultCommunicator::all_gather_into(std::vector<at::Tensor> outputs, a
   if (auto w = intercept("all_gather")) return w;
   return inner_->all_gather_into(std::move(outputs), std::move(input));
 }
+WorkHandle FaultCommunicator::host_all_gather_into(std::vector<at::Tensor> outputs,
+                                                   at::Tensor input) {
+  if (auto w = intercept("all_gather")) return w;
+  return inner_->host_all_gather_into(std::move(outputs), std::move(input));
+}
 WorkHandle FaultCommunicator::broadcast(at::Tensor tensor, int root) {
   if (auto w = intercept("broadcast")) return w;
   return inner_->broadcast(std::move(tensor), root);

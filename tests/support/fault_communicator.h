@@ -35,6 +35,8 @@ class FaultCommunicator final : public Communicator {
                                       std::vector<int64_t> counts, ReduceOp op) override;
   WorkHandle all_gather(at::Tensor output, at::Tensor input, std::vector<int64_t> counts) override;
   WorkHandle all_gather_into(std::vector<at::Tensor> outputs, at::Tensor input) override;
+  int host_group_size() const override { return inner_->host_group_size(); }
+  WorkHandle host_all_gather_into(std::vector<at::Tensor> outputs, at::Tensor input) override;
   WorkHandle broadcast(at::Tensor tensor, int root) override;
   WorkHandle barrier() override;
   WorkHandle send(at::Tensor tensor, int dst) override;

@@ -305,6 +305,14 @@ class GatherCounter final : public Communicator {
     }
     return inner_->all_gather_into(outputs, input);
   }
+  int host_group_size() const override { return inner_->host_group_size(); }
+  comm::WorkHandle host_all_gather_into(std::vector<at::Tensor> outputs,
+                                        at::Tensor input) override {
+    if (counting) {
+      for (auto& o : outputs) host_bytes[input.scalar_type()] += static_cast<int64_t>(o.nbytes());
+    }
+    return inner_->host_all_gather_into(outputs, input);
+  }
   comm::WorkHandle broadcast(at::Tensor t, int root) override { return inner_->broadcast(t, root); }
   comm::WorkHandle barrier() override { return inner_->barrier(); }
   comm::WorkHandle send(at::Tensor t, int dst) override { return inner_->send(t, dst); }
@@ -312,7 +320,8 @@ class GatherCounter final : public Communicator {
   void set_step(int64_t step) override { inner_->set_step(step); }
   int64_t sequence_number() const override { return inner_->sequence_number(); }
   void log_summary() override { inner_->log_summary(); }
-  std::map<at::ScalarType, int64_t> bytes;
+  std::map<at::ScalarType, int64_t> bytes;       // all_gather_into, by dtype
+  std::map<at::ScalarType, int64_t> host_bytes;  // host_all_gather_into (hpZ), by dtype
   bool counting = true;
 
  private:
@@ -408,6 +417,102 @@ TEST(EngineZero3, QuantizedGradientsAcrossHostsStayCloseAndOnOneHostAreExact) {
   auto one_plain = run("", false);
   auto one_qg = run(qg, false);
   for (int r = 0; r < world; ++r) EXPECT_TRUE(at::equal(one_qg[r].params, one_plain[r].params));
+}
+
+// ZeRO++ hpZ (zero_hpz_partition_size = 2 on 2 simulated hosts of 2 ranks, NOTE [secondary
+// partition]): backward gathers every unit from its host's secondary shards, so every parameter
+// gather of backward stays inside a host; the training is plain stage 3's bit for bit (with
+// activation checkpointing, whose recompute gathers in backward, and GAS 2), and qwZ's with qwZ.
+// Sizes hpZ cannot use are refused naming the host's ranks; on one host it warns and does
+// nothing.
+TEST(EngineZero3, SecondaryPartitionKeepsBackwardGathersInsideHostsBitForBit) {
+  const int world = 4, steps = 3;
+  struct Counted {
+    std::vector<::dscpp::Run> runs;
+    std::vector<std::map<at::ScalarType, int64_t>> across, in_host;
+  };
+  auto run = [&](const std::string& extra, bool checkpoint, const std::string& precision) {
+    const std::string cfg = config_json(
+        8, 1,
+        kAdamW + precision + zero3(", \"stage3_param_persistence_threshold\": 0, \"stage3_max_reuse_distance\": "
+                       "0, \"reduce_bucket_size\": 200" +
+                       extra));
+    Counted out;
+    out.runs.resize(world);
+    std::vector<std::shared_ptr<GatherCounter>> counters(world);
+    auto errors = testing::run_thread_ranks_with(
+        testing::on_hosts(2), world,
+        [&](Communicator& c) {
+          out.runs[c.rank()] = train_stack(c, steps, cfg, kEverything, checkpoint,
+                                           [&] { counters[c.rank()]->counting = false; });
+        },
+        [&](std::shared_ptr<Communicator> inner) {
+          auto counter = std::make_shared<GatherCounter>(inner);
+          counters[inner->rank()] = counter;
+          return counter;
+        });
+    for (auto& e : errors) EXPECT_FALSE(e) << cfg << ": " << error_text(e);
+    for (int r = 0; r < world; ++r) {
+      out.across.push_back(counters[r]->bytes);
+      out.in_host.push_back(counters[r]->host_bytes);
+    }
+    return out;
+  };
+  const std::string hpz = ", \"zero_hpz_partition_size\": 2";
+  const std::string qw = ", \"zero_quantized_weights\": true";
+  testing::TempDir swap;  // bf16 with every shard on disk: backward reads none of them
+  const std::string on_disk = ", \"offload_param\": {\"device\": \"nvme\", \"max_in_cpu\": 0, "
+                              "\"nvme_path\": \"" + swap.path() + "\"}";
+  const std::string bf16 = ", \"bf16\": {\"enabled\": true}";
+  for (const auto& [extra, checkpoint] : std::vector<std::pair<std::string, bool>>{
+           {"", false}, {qw, false}, {"", true}, {qw, true}, {on_disk, false}}) {
+    {
+      const std::string what = extra + (checkpoint ? " checkpointed" : "");
+      const std::string precision = extra == on_disk ? bf16 : "";
+      Counted plain = run(extra, checkpoint, precision);
+      Counted secondary = run(extra + hpz, checkpoint, precision);
+      for (int r = 0; r < world; ++r) {
+        EXPECT_EQ(secondary.runs[r].losses, plain.runs[r].losses) << what << " rank " << r;
+        EXPECT_EQ(secondary.runs[r].grad_norms, plain.runs[r].grad_norms) << what;
+        EXPECT_TRUE(at::equal(secondary.runs[r].params, plain.runs[r].params)) << what;
+        // Backward's gathers moved inside the hosts: what crosses hosts is forward's alone, and
+        // the two together are plain stage 3's gathers (each unit's full size either way).
+        const bool quantized = extra == qw;
+        const auto train = precision.empty() ? at::kFloat : at::kBFloat16;
+        const auto dtype = quantized ? at::kChar : train;
+        EXPECT_TRUE(plain.in_host[r].empty()) << what;
+        EXPECT_GT(secondary.in_host[r][train], 0) << what;
+        EXPECT_LT(secondary.across[r][dtype], plain.across[r][dtype]) << what;
+        const int64_t item = quantized ? 4 : 1;  // int8 codes stand for fp32 elements
+        EXPECT_EQ(secondary.across[r][dtype] * item + secondary.in_host[r][train],
+                  plain.across[r][dtype] * item)
+            << what;
+      }
+    }
+  }
+  // Sizes hpZ cannot use: not the ranks per host, or hosts that share no memory.
+  auto refused = [&](const testing::OptionsFn& options_of, int64_t size, const std::string& want) {
+    const std::string cfg =
+        config_json(8, 2, kAdamW + zero3(", \"zero_hpz_partition_size\": " + std::to_string(size)));
+    auto errors = testing::run_thread_ranks_with(options_of, world, [&](Communicator& c) {
+      train_stack(c, 1, cfg, kEverything, false);
+    });
+    for (auto& e : errors) EXPECT_NE(error_text(e).find(want), std::string::npos) << error_text(e);
+  };
+  refused(testing::on_hosts(2), 4,
+          "zero_optimization.zero_hpz_partition_size 4: the secondary partition is the ranks of "
+          "one host, 2 here (2 hosts)");
+  comm::CommOptions flat;
+  flat.hierarchy = "off";
+  refused(testing::on_hosts(2, flat), 2, "go over the network between every pair of ranks");
+  refused([](int) { return comm::CommOptions(); }, 2,
+          "all 4 ranks are on one host, so a secondary partition would be the primary one");
+  // The whole world on one host: nothing to do, and training goes on.
+  const std::string one_host = config_json(8, 2, kAdamW + zero3(", \"zero_hpz_partition_size\": 4"));
+  auto errors = testing::run_thread_ranks(world, [&](Communicator& c) {
+    train_stack(c, 1, one_host, kEverything, false);
+  });
+  for (auto& e : errors) EXPECT_FALSE(e) << error_text(e);
 }
 
 // The engine's accounting: 16/N bytes per sharded parameter (fp32 AdamW) plus the resident ones
