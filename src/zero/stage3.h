@@ -202,6 +202,8 @@ class Stage3 final : public Strategy {
   // The kind of gather a request made now needs: backward's (hpZ's secondary), a training
   // forward's, or an evaluation's.
   Gather request_kind() const;
+  // The kind of gather ahead for record_[j]: backward's for a request of backward's.
+  Gather ahead_kind(size_t j) const;
   // hpZ: every unit's secondary shard goes back to the pool (backward is over, or the shards
   // change).
   void drop_secondaries();
@@ -292,6 +294,9 @@ class Stage3 final : public Strategy {
   // NOTE [stage 3 prefetch order]
   std::vector<int> record_;   // requests of the recorded step
   std::vector<int> current_;  // requests of this step so far
+  // Where backward's requests begin in record_ and current_: a gather ahead for one of them is
+  // backward's (hpZ's host gather, NOTE [secondary partition]) even when forward issues it.
+  size_t record_backward_ = 0, current_backward_ = 0;
   bool following_ = false;    // this step follows record_
   bool dropped_ = false;      // this pass left the record
   size_t cursor_ = 0;         // next expected request in record_

@@ -183,6 +183,11 @@ Gather Stage3::request_kind() const {
   return at::GradMode::is_enabled() ? Gather::kForward : Gather::kPlain;
 }
 
+Gather Stage3::ahead_kind(size_t j) const {
+  // The end of forward gathers backward's first units ahead.
+  return j >= record_backward_ ? Gather::kBackward : request_kind();
+}
+
 void Stage3::drop_secondaries() {
   if (fetcher_.secondary_group() == 1) return;
   for (auto& u : units_) fetcher_.drop_secondary(u.storage);
@@ -237,7 +242,7 @@ void Stage3::gather_ahead() {
       continue;
     }
     if (fetcher_.live_bytes() / item + n > s3_.max_live_parameters) break;
-    gather(record_[j], request_kind());
+    gather(record_[j], ahead_kind(j));
     ++stats_.gathers;
     ++stats_.prefetched;
     in_flight += n;
@@ -292,6 +297,7 @@ void Stage3::on_group_complete(int group) {
 void Stage3::before_backward(const at::Tensor& loss) {
   raise_deferred();
   backward_ = true;
+  current_backward_ = current_.size();
   watch_paused_ = true;
   if (s3_.debug && !whole_model_unit_) check_used_inside_units(loss);
 }
@@ -354,6 +360,7 @@ void Stage3::after_backward() {
   if (!following_ || dropped_) {
     if (!current_.empty() && !whole_model_unit_) check_order_across_ranks();
     record_ = current_;
+    record_backward_ = current_backward_;
     following_ = !record_.empty();
   }
   dropped_ = false;

@@ -471,7 +471,13 @@ TEST(EngineZero3, SecondaryPartitionKeepsBackwardGathersInsideHostsBitForBit) {
       const std::string precision = extra == on_disk ? bf16 : "";
       Counted plain = run(extra, checkpoint, precision);
       Counted secondary = run(extra + hpz, checkpoint, precision);
+      // Gathered one unit at a time: the same bytes, so no gather ahead (the end of forward
+      // gathers backward's first units) crossed hosts that backward's own would not.
+      Counted one_by_one =
+          run(extra + hpz + ", \"stage3_prefetch_bucket_size\": 0", checkpoint, precision);
       for (int r = 0; r < world; ++r) {
+        EXPECT_EQ(one_by_one.across[r], secondary.across[r]) << what << " rank " << r;
+        EXPECT_EQ(one_by_one.in_host[r], secondary.in_host[r]) << what << " rank " << r;
         EXPECT_EQ(secondary.runs[r].losses, plain.runs[r].losses) << what << " rank " << r;
         EXPECT_EQ(secondary.runs[r].grad_norms, plain.runs[r].grad_norms) << what;
         EXPECT_TRUE(at::equal(secondary.runs[r].params, plain.runs[r].params)) << what;
