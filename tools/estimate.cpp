@@ -1,7 +1,9 @@
 // dscpp estimate: the memory and disk per rank the model states take at every ZeRO stage, with
 // and without the optimizer on disk (DeepSpeed's estimate_zero2/zero3_model_states_mem_needs,
 // from the real config), and whether each fits this machine: the figures initialize()'s
-// pre-flight check holds against the memory actually available.
+// pre-flight check holds against the memory actually available. With --net_gbit, the time of a
+// step across the hosts at stages 2 and 3, flat, hierarchical and with ZeRO++ (NOTE [step-time
+// model]), and with --scaling the same at other host counts.
 #include "engine/estimate.h"
 
 #include <fmt/format.h>
@@ -12,10 +14,151 @@
 #include "dscpp/config.h"
 #include "dscpp/error.h"
 #include "dscpp/models/gpt.h"
+#include "engine/step_time.h"
 #include "tools.h"
 #include "util/log.h"
 
 namespace dscpp::tools {
+namespace {
+
+// What the step-time model needs beyond the config: the network, the compute, and the model's
+// stage-3 units.
+struct NetworkOptions {
+  double gbit = 0;  // 0: no step-time section
+  double latency_ms = 0;
+  double shm_gbyte = 4;
+  double compute_s = 0;      // 0: from --rank_gflops
+  double rank_gflops = 45;   // this machine, 4 ranks on 2 cores (docs/benchmarks.md)
+  double overlap = 0.49;
+  std::string scaling;       // "8,32,128": host counts for the scaling table
+};
+
+// The step-time rows at `hosts` x `per_host`: stages 2 and 3, flat and hierarchical, and stage 3
+// with hpZ, and with qwZ, qgZ and hpZ added one at a time.
+struct Variant {
+  std::string name;
+  engine::Cluster cluster;
+  engine::StepWork work;
+};
+std::vector<Variant> variants(const engine::Cluster& base, const engine::StepWork& stage2,
+                              const engine::StepWork& stage3) {
+  std::vector<Variant> out;
+  for (const auto* w : {&stage2, &stage3}) {
+    const std::string stage = "stage " + std::to_string(w->stage);
+    engine::Cluster flat = base;
+    flat.hierarchy = false;
+    out.push_back({stage + ", flat", flat, *w});
+    out.push_back({stage + ", hierarchy", base, *w});
+  }
+  engine::StepWork q = stage3;
+  q.secondary_partition = true;
+  out.push_back({"stage 3, hierarchy + hpZ", base, q});
+  q.secondary_partition = false;
+  q.quantized_weights = true;
+  out.push_back({"stage 3, hierarchy + qwZ", base, q});
+  q.quantized_gradients = true;
+  out.push_back({"stage 3, hierarchy + qwZ + qgZ", base, q});
+  q.secondary_partition = true;
+  out.push_back({"stage 3, hierarchy + qwZ + qgZ + hpZ", base, q});
+  return out;
+}
+
+void print_step_times(const models::GPTConfig* gpt, int64_t params, const Config& config,
+                      int num_procs, int num_nodes, const NetworkOptions& net) {
+  const auto& zc = config.zero_optimization;
+  engine::Cluster cluster;
+  cluster.hosts = num_nodes;
+  cluster.per_host = num_procs / num_nodes;
+  cluster.net_bytes_per_s = net.gbit * 1e9 / 8;
+  cluster.net_latency_s = net.latency_ms / 1000;
+  cluster.shm_bytes_per_s = net.shm_gbyte * 1e9;
+  engine::StepWork w;
+  w.item_bytes = config.bf16.enabled || config.fp16.enabled ? 2 : 4;
+  // The batch as the config resolves it at this world size; one sample per rank without one.
+  int micro = 1;
+  if (config.train_batch_size || config.train_micro_batch_size_per_gpu ||
+      config.gradient_accumulation_steps) {
+    Config resolved = config;
+    resolved.resolve_batch(num_procs, "--num_procs");
+    micro = resolved.batch.train_micro_batch_size_per_gpu;
+    w.gas = resolved.batch.gradient_accumulation_steps;
+  }
+  w.reduce_bucket_size = zc.reduce_bucket_size;
+  w.max_reuse_distance = zc.stage3_max_reuse_distance;
+  w.max_live_parameters = zc.stage3_max_live_parameters;
+  w.overlap = net.overlap;
+  if (gpt) {
+    engine::add_gpt_units(*gpt, zc.stage3_param_persistence_threshold, &w);
+  } else {
+    w.units.assign(16, params / 16);  // without a model: 16 equal units
+    w.other = params - 16 * (params / 16);
+  }
+  if (net.compute_s > 0) {
+    w.compute_s = net.compute_s;
+  } else {
+    // 6 flops per parameter per token (forward and backward), and attention's 12 L T C.
+    const double n = static_cast<double>(w.elements());
+    const double per_token =
+        6 * n + (gpt ? 12.0 * gpt->n_layer * gpt->block_size * gpt->n_embd : 0.0);
+    const double tokens = static_cast<double>(micro) * w.gas * (gpt ? gpt->block_size : 1);
+    w.compute_s = per_token * tokens / (net.rank_gflops * 1e9);
+  }
+  // Quantizing an element costs about 28 flops' time (step_time.h).
+  w.quantize_s_per_element = 28 / (net.rank_gflops * 1e9);
+  engine::StepWork s2 = w, s3 = w;
+  s2.stage = 2;
+  s3.stage = 3;
+  // DeepSpeed's default overlap_comm per stage, unless the config set it for its own stage.
+  s2.overlap_comm = zc.stage == 2 ? zc.overlap_comm : false;
+  s3.overlap_comm = zc.stage == 3 ? zc.overlap_comm : true;
+
+  std::cout << fmt::format(
+      "\nstep time across {} host(s) x {} rank(s), links {} Gbit/s, latency {} ms; compute {:.3f} "
+      "s per step per rank ({}); overlap {} (NOTE [step-time model])\n\n",
+      cluster.hosts, cluster.per_host, net.gbit, net.latency_ms, w.compute_s,
+      net.compute_s > 0 ? "--compute_s" : fmt::format("{} GFLOP/s per rank", net.rank_gflops),
+      net.overlap);
+  std::cout << "| setting | between hosts per step, all hosts (MiB) | communication the step waits "
+               "for (s) | step (s) | units gathered again in backward |\n|---|---|---|---|---|\n";
+  for (const Variant& v : variants(cluster, s2, s3)) {
+    const engine::StepTime t = engine::model_step(v.cluster, v.work);
+    std::cout << fmt::format("| {} | {:.1f} | {:.2f} | {:.2f} | {} |\n", v.name,
+                             t.between_hosts() * cluster.hosts / 1048576.0, t.exposed_comm_s,
+                             t.step_s, v.work.stage == 3 ? std::to_string(t.units_regathered) : "-");
+  }
+  if (net.scaling.empty()) return;
+  std::vector<int> hosts;
+  for (size_t at = 0; at < net.scaling.size();) {
+    size_t comma = net.scaling.find(',', at);
+    if (comma == std::string::npos) comma = net.scaling.size();
+    const int h = std::stoi(net.scaling.substr(at, comma - at));
+    DSCPP_CHECK(h >= 1, ConfigError, "--scaling: host counts are >= 1, got ", h);
+    hosts.push_back(h);
+    at = comma + 1;
+  }
+  std::cout << "\nscaling at " << cluster.per_host
+            << " rank(s) per host: step seconds (efficiency: one host's step / this one's)\n\n"
+            << "| setting |";
+  for (int h : hosts) std::cout << fmt::format(" {} hosts |", h);
+  std::cout << "\n|---|";
+  for (size_t i = 0; i < hosts.size(); ++i) std::cout << "---|";
+  std::cout << "\n";
+  for (const Variant& v : variants(cluster, s2, s3)) {
+    engine::Cluster one = v.cluster;
+    one.hosts = 1;
+    const double base = engine::model_step(one, v.work).step_s;
+    std::cout << "| " << v.name << " |";
+    for (int h : hosts) {
+      engine::Cluster c = v.cluster;
+      c.hosts = h;
+      const double s = engine::model_step(c, v.work).step_s;
+      std::cout << fmt::format(" {:.2f} ({:.0f}%) |", s, 100 * base / s);
+    }
+    std::cout << "\n";
+  }
+}
+
+}  // namespace
 
 int estimate_main(int argc, char** argv) {
   CLI::App app{"dscpp estimate: model-state memory and disk per rank at every ZeRO stage"};
@@ -38,6 +181,23 @@ int estimate_main(int argc, char** argv) {
   app.add_option("--num_procs", num_procs, "ranks in all")->check(CLI::PositiveNumber);
   app.add_option("--num_nodes", num_nodes, "hosts the ranks are spread over")
       ->check(CLI::PositiveNumber);
+  NetworkOptions net;
+  app.add_option("--net_gbit", net.gbit,
+                 "each host's link, Gbit/s: adds the step time across the hosts")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--net_latency_ms", net.latency_ms, "one message between hosts")
+      ->capture_default_str();
+  app.add_option("--shm_gbyte", net.shm_gbyte, "GB/s a rank copies through shared memory")
+      ->capture_default_str();
+  app.add_option("--compute_s", net.compute_s,
+                 "compute of one step on one rank, network aside (e.g. measured on one host)");
+  app.add_option("--rank_gflops", net.rank_gflops,
+                 "else: one rank's training GFLOP/s (6 per parameter and token, and attention)")
+      ->capture_default_str();
+  app.add_option("--overlap", net.overlap,
+                 "share of the compute time that communication hides behind")
+      ->capture_default_str();
+  app.add_option("--scaling", net.scaling, "host counts for a scaling table, e.g. 8,32,128");
   app.add_option("--log_level", level, "debug|info|warning|error");
   CLI11_PARSE(app, argc, argv);
   set_log_level(parse_log_level(level));
@@ -82,6 +242,13 @@ int estimate_main(int argc, char** argv) {
                "itself come on top. Stage 3 adds the largest unit gathered whole; offload adds "
                "the swap pipeline's buffers, 3 sub-groups at most, and with the parameters on "
                "nvme the unit shards read ahead, offload_param.buffer_count + 2 at most.)\n";
+  if (net.gbit > 0) {
+    DSCPP_CHECK(num_procs % num_nodes == 0, ConfigError, "--num_procs ", num_procs,
+                " is not a multiple of --num_nodes ", num_nodes,
+                ": the step-time model takes hosts of equal size");
+    print_step_times(model == "gpt" ? &gpt : nullptr, in.params, config, num_procs, num_nodes,
+                     net);
+  }
   return 0;
 }
 
