@@ -72,10 +72,21 @@ void HostHierarchy::wait(const c10::intrusive_ptr<c10d::Work>& work) const {
               "the ranks of this column on the other hosts did not finish within the timeout");
 }
 
+void HostHierarchy::column_reduce_scatter(const RingContext& ctx, at::Tensor& output,
+                                          const at::Tensor& input,
+                                          const std::vector<int64_t>& counts, ReduceOp op) {
+  // NOTE [tree order]: the hosts' sums in the tree a host's shared memory uses, when it is one.
+  if (is_power_of_two(layout_.hosts)) {
+    tree_reduce_scatter(ctx, output, input, counts, op);
+  } else {
+    ring_reduce_scatter(ctx, output, input, counts, op);
+  }
+}
+
 RingContext HostHierarchy::column_ring(int64_t seq) {
   RingContext ctx{*column_, layout_.host, layout_.hosts, ring_tag_base(seq), timeout_};
   ctx.traffic = &traffic_;
-  ctx.next_on_other_host = true;
+  ctx.next_on_other_host = true;  // every member of a column is on a host of its own
   return ctx;
 }
 
@@ -96,7 +107,7 @@ void HostHierarchy::all_reduce(const at::Tensor& tensor, ReduceOp op, int64_t se
   const auto poff = offsets_of(pieces);
   at::Tensor piece = mine.narrow(0, poff[layout_.host], pieces[layout_.host]);
   RingContext ctx = column_ring(seq);
-  ring_reduce_scatter(ctx, piece, mine, pieces, op);
+  column_reduce_scatter(ctx, piece, mine, pieces, op);
   ctx.tag_base += 2048;
   ring_all_gather(ctx, mine, piece, pieces);
 
@@ -131,7 +142,7 @@ void HostHierarchy::reduce_scatter(const at::Tensor& output, const at::Tensor& i
   at::Tensor sums;
   const auto column_counts = reduce_in_host(input, counts, op, seq, &sums);
   at::Tensor out = output.view({-1});
-  ring_reduce_scatter(column_ring(seq), out, sums, column_counts, op);
+  column_reduce_scatter(column_ring(seq), out, sums, column_counts, op);
 }
 
 void HostHierarchy::reduce_scatter_quantized(const at::Tensor& output, const at::Tensor& input,

@@ -35,11 +35,15 @@
 // 2 x 2, 4/7 at 2 x 4; its gain is in using R connections per host at once and in H-1 ring steps
 // across the network instead of P-1.
 //
-// Order of sums: inside a host in rank order (ShmGroup), then across hosts in the column's ring
-// order. Every rank gets the same bits (each element is reduced once, by one rank, then copied);
-// against a flat ring the bits may differ in the last place, as two rings of different lengths
-// do. avg averages at each level (over a host's R ranks, then over the H hosts), so fp16 and
-// bf16 sums never grow past what one level adds.
+// Order of sums: inside a host in a balanced tree over its ranks (ShmGroup), then across hosts
+// in a tree over the hosts when they are a power of two (NOTE [tree order]; recursive halving,
+// log2 H steps), else in the column's ring order. Every rank gets the same bits (each element
+// is reduced once, by one rank, then copied). With powers of two of hosts and of ranks per host
+// the two trees make the tree one host of all the ranks sums in: the same bits as one host (fp32);
+// against a flat ring across hosts the bits may differ in the last place, as two rings of
+// different lengths do. avg averages at each level (over a host's R ranks, then over the H
+// hosts), so fp16 and bf16 sums never grow past what one level adds; dividing by powers of two
+// is exact, so that keeps the same bits too.
 #pragma once
 
 #include <chrono>
@@ -103,6 +107,10 @@ class HostHierarchy final : public HostCollectives {
   void wait(const c10::intrusive_ptr<c10d::Work>& work) const;
   // The column's ring for collective `seq`; every byte it sends goes to another host.
   RingContext column_ring(int64_t seq);
+  // The column's reduce-scatter: a tree when the hosts are a power of two (NOTE [tree order]),
+  // else the ring.
+  void column_reduce_scatter(const RingContext& ctx, at::Tensor& output, const at::Tensor& input,
+                             const std::vector<int64_t>& counts, ReduceOp op);
   // reduce_scatter's shared-memory steps: `sums` [column's counts] gets, per host h', this
   // host's sum of chunk (h', local rank); returns the column's counts.
   std::vector<int64_t> reduce_in_host(const at::Tensor& input, const std::vector<int64_t>& counts,

@@ -47,23 +47,28 @@ void combine_into(at::Tensor& out, const at::Tensor& received, const at::Tensor&
   }
 }
 
-// One step's exchange: send `out` to next, receive into `in` from prev. Either may be empty
-// (zero-length chunk), in which case that side is skipped on both ends consistently because the
-// chunk sizes are known to every rank.
-void exchange(const RingContext& ctx, int step, at::Tensor out, at::Tensor in) {
-  int next = mod(ctx.rank + 1, ctx.world_size), prev = mod(ctx.rank - 1, ctx.world_size);
-  int tag = ctx.tag_base + step;
+// Sends `out` to `to` and receives `in` from `from`, both in flight at once. Either may be empty
+// (a zero-length chunk), in which case that side is skipped on both ends consistently because
+// the chunk sizes are known to every rank.
+void exchange(const RingContext& ctx, int to, int from, int tag, const at::Tensor& out,
+              const at::Tensor& in) {
   c10::intrusive_ptr<c10d::Work> sw, rw;
   if (in.numel() > 0) {
     std::vector<at::Tensor> v{in};
-    rw = ctx.backend.recv(v, prev, tag);
+    rw = ctx.backend.recv(v, from, tag);
   }
   if (out.numel() > 0) {
     std::vector<at::Tensor> v{out};
-    sw = ctx.backend.send(v, next, tag);
+    sw = ctx.backend.send(v, to, tag);
     if (ctx.traffic) ctx.traffic->add(ctx.next_on_other_host, out.nbytes());
   }
   wait_both(ctx, sw, rw);
+}
+
+// One ring step: send `out` to the next rank, receive `in` from the previous one.
+void exchange(const RingContext& ctx, int step, const at::Tensor& out, const at::Tensor& in) {
+  exchange(ctx, mod(ctx.rank + 1, ctx.world_size), mod(ctx.rank - 1, ctx.world_size),
+           ctx.tag_base + step, out, in);
 }
 
 }  // namespace
@@ -109,6 +114,67 @@ void ring_reduce_scatter(const RingContext& ctx, at::Tensor& output, const at::T
       }
       sending = into;
     }
+  }
+  if (op == ReduceOp::avg) output.div_(n);
+}
+
+void tree_reduce_scatter(const RingContext& ctx, at::Tensor& output, const at::Tensor& input,
+                         const std::vector<int64_t>& counts, ReduceOp op) {
+  // NOTE [tree order]
+  const int n = ctx.world_size, r = ctx.rank;
+  DSCPP_CHECK(is_power_of_two(n), Error, "internal: a tree reduce-scatter over ", n, " ranks");
+  if (n == 1) {
+    output.copy_(input);
+    return;
+  }
+  auto off = offsets_of(counts);
+  // Piece by piece as the ring; at step 0 half the chunks travel at once, so a piece of each
+  // is at most 1/(n/2) of the ring's. Chunk c is held after step 0 when c = r (mod 2), in slot
+  // c / 2 of `acc`, and stays there as long as it is held.
+  const int half = n / 2;
+  const int64_t max_chunk = *std::max_element(counts.begin(), counts.end());
+  const int64_t piece = std::max<int64_t>(1, std::min(max_chunk, kRingPieceElements / half));
+  at::Tensor send = at::empty({half * piece}, input.options());
+  at::Tensor recv = at::empty({half * piece}, input.options());
+  at::Tensor acc = at::empty({half * piece}, input.options());
+  for (int64_t start = 0; start < max_chunk; start += piece) {
+    auto part = [&](const at::Tensor& t, int64_t base, int c) {
+      const int64_t from = std::min(start, counts[c]);
+      return t.narrow(0, base + from, std::min(piece, counts[c] - from));
+    };
+    auto slot = [&](int c) { return acc.narrow(0, (c / 2) * piece, part(input, 0, c).numel()); };
+    for (int k = 0, bit = 1; bit < n; ++k, bit <<= 1) {
+      // Held now: the chunks c = r (mod bit). Those whose bit k differs from r's go to the
+      // partner, who sends this rank's half in the same (increasing) order.
+      int64_t ns = 0, nr = 0;
+      for (int c = 0; c < n; ++c) {
+        if (c % bit != r % bit) continue;
+        const at::Tensor held = k == 0 ? part(input, off[c], c) : slot(c);
+        if ((c & bit) != (r & bit)) {
+          send.narrow(0, ns, held.numel()).copy_(held);
+          ns += held.numel();
+        } else {
+          nr += held.numel();
+        }
+      }
+      exchange(ctx, r ^ bit, r ^ bit, ctx.tag_base + k, send.narrow(0, 0, ns),
+               recv.narrow(0, 0, nr));
+      int64_t at = 0;
+      for (int c = 0; c < n; ++c) {
+        if (c % (2 * bit) != r % (2 * bit)) continue;
+        at::Tensor into = slot(c);
+        const at::Tensor got = recv.narrow(0, at, into.numel());
+        at += into.numel();
+        if (k == 0) {
+          combine_into(into, got, part(input, off[c], c), op);
+        } else {
+          accumulate(into, got, op);
+        }
+      }
+    }
+    // output may alias input chunk r: this piece of it was read at step 0, later ones are not
+    // written yet.
+    part(output, 0, r).copy_(slot(r));
   }
   if (op == ReduceOp::avg) output.div_(n);
 }

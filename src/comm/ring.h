@@ -24,7 +24,9 @@ struct RingContext {
   int tag_base;  // distinct per collective, so steps of different collectives never match
   std::chrono::milliseconds timeout;
   Traffic* traffic = nullptr;       // when set, every byte sent is added here
-  bool next_on_other_host = false;  // whether rank + 1 runs on another host (for `traffic`)
+  // Whether what this rank sends goes to another host (for `traffic`): rank + 1's host for a
+  // ring; a tree (below) runs only in a hierarchy's column, whose members are one per host.
+  bool next_on_other_host = false;
 };
 
 // The first tag of collective number `seq`'s ring steps: point-to-point tags 0..4095 are for
@@ -42,6 +44,20 @@ inline constexpr int64_t kRingPieceElements = int64_t{1} << 20;
 // Extra memory: two buffers of min(largest chunk, kRingPieceElements), while it runs.
 void ring_reduce_scatter(const RingContext& ctx, at::Tensor& output, const at::Tensor& input,
                          const std::vector<int64_t>& counts, ReduceOp op);
+
+// NOTE [tree order]: ring_reduce_scatter's result by recursive halving, for a power-of-two
+// number of ranks: at step k (k = 0 .. log2 n - 1) rank r exchanges with rank r ^ 2^k the
+// chunks whose bit k differs from its own among those it still holds, and adds what it receives.
+// It sends what the ring sends, (n-1)/n of the buffer, in log2 n steps instead of n - 1, and
+// sums every chunk in one fixed order: a balanced binary tree over the ranks, neighbours first
+// (((x0 + x1) + (x2 + x3)) + ...). Shared memory sums in the same tree (ShmGroup), so the
+// hierarchy, whose columns reduce this way, sums as one host of all the ranks does when the
+// ranks per host and the hosts are powers of two: the same bits (fp32; fp16 and bf16 round in
+// the same places when a host has at most 2 ranks). Extra memory: three buffers of at most
+// kRingPieceElements.
+void tree_reduce_scatter(const RingContext& ctx, at::Tensor& output, const at::Tensor& input,
+                         const std::vector<int64_t>& counts, ReduceOp op);
+inline bool is_power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
 // input [counts[rank]]; output [sum(counts)] gets all inputs in rank order. No extra memory.
 void ring_all_gather(const RingContext& ctx, at::Tensor& output, const at::Tensor& input,

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <csignal>
 #include <climits>
@@ -437,16 +438,42 @@ void ShmGroup::reduce(const at::Tensor& out, const std::vector<at::Tensor>& ins,
       else at::minimum_out(acc, acc, ins[j]);
     }
   } else {
-    if (widen) {
-      acc.copy_(ins[0]);
-      for (size_t j = 1; j < ins.size(); ++j) acc.add_(ins[j]);
-    } else {
-      at::add_out(acc, ins[0], ins[1]);
-      for (size_t j = 2; j < ins.size(); ++j) acc.add_(ins[j]);
+    // NOTE [tree order]: a balanced binary tree over the ranks, neighbours first, as the
+    // hierarchy's and the tree reduce-scatter's sums; the right halves go through `partial`, one
+    // level of it per depth.
+    const int depth = static_cast<int>(std::ceil(std::log2(static_cast<double>(ins.size()))));
+    if (!partial_.defined() || partial_.scalar_type() != acc_type ||
+        partial_.numel() < n * std::max(depth, 1)) {
+      partial_ = at::empty({std::max(n, slot_elements(dtype)) * std::max(depth, 1)},
+                           at::TensorOptions().dtype(acc_type));
     }
+    sum_tree(acc, ins, 0, static_cast<int>(ins.size()), 0, widen);
     if (op == ReduceOp::avg) acc.div_(world_);
   }
   out.copy_(acc);
+}
+
+void ShmGroup::sum_tree(const at::Tensor& dst, const std::vector<at::Tensor>& ins, int lo, int hi,
+                        int level, bool widen) {
+  const int64_t n = dst.numel();
+  if (hi - lo == 1) {
+    dst.copy_(ins[lo]);
+    return;
+  }
+  if (hi - lo == 2 && !widen) {  // the leaves' pairs in one pass
+    at::Tensor out = dst;
+    at::add_out(out, ins[lo], ins[lo + 1]);
+    return;
+  }
+  const int mid = lo + (hi - lo + 1) / 2;
+  sum_tree(dst, ins, lo, mid, level + 1, widen);
+  if (hi - mid == 1) {
+    dst.add_(ins[mid]);  // widened: fp32 += a 16-bit value, summed in fp32
+    return;
+  }
+  at::Tensor right = partial_.narrow(0, level * n, n);
+  sum_tree(right, ins, mid, hi, level + 1, widen);
+  dst.add_(right);
 }
 
 void ShmGroup::all_reduce(const at::Tensor& tensor, ReduceOp op, int64_t seq) {

@@ -13,7 +13,8 @@
 // per set. A collective is cut into pieces that fit a slot; piece p uses set p % 2 (counted
 // across collectives). For each piece every rank copies its data into its own slot and arrives
 // at a barrier; then it reads what it needs from the others' slots:
-//   all_reduce      rank k reduces sub-range k of the piece over all slots, in rank order, and
+//   all_reduce      rank k reduces sub-range k of the piece over all slots (sums in a balanced
+//                   tree over the ranks, NOTE [tree order] in comm/ring.h), and
 //                   writes the result back into its own slot's sub-range k; a second barrier;
 //                   then every rank copies all sub-ranges out. Each element is reduced once, by
 //                   one rank, so every rank gets bit-identical results. bf16 and fp16 are summed
@@ -136,7 +137,12 @@ class ShmGroup final : public HostCollectives {
   void arrive_and_wait();
   void wait_for(int r, uint32_t generation) const;
   // out = op over ins (rank order), through the fp32/own-dtype scratch; out may alias one of ins.
+  // Sums in a balanced tree (NOTE [tree order] in comm/ring.h).
   void reduce(const at::Tensor& out, const std::vector<at::Tensor>& ins, ReduceOp op);
+  // dst = the tree sum of ins[lo, hi) (accumulating in dst's dtype); the right halves at depth
+  // `level` go through partial_.
+  void sum_tree(const at::Tensor& dst, const std::vector<at::Tensor>& ins, int lo, int hi,
+                int level, bool widen);
 
   void* base_;
   int64_t bytes_;
@@ -150,6 +156,7 @@ class ShmGroup final : public HostCollectives {
   int stamp_ = 0;
   bool stamp_checked_ = true;
   at::Tensor scratch_;
+  at::Tensor partial_;  // reduce()'s tree: one piece per depth
 };
 
 }  // namespace dscpp::comm

@@ -2,6 +2,7 @@
 #include "engine/step_time.h"
 
 #include <algorithm>
+#include <cmath>
 #include <initializer_list>
 #include <numeric>
 
@@ -27,16 +28,29 @@ struct Pass {
   Pass times(double k) const { return {bytes * k, seconds * k}; }
 };
 
-Pass ring_pass(const Cluster& c, double elements, double wire) {
+// Steps between hosts of one reduce-scatter (`reduce`) or all-gather: the hierarchy's column
+// reduces in a tree of log2 H steps when H is a power of two (NOTE [tree order]), else in a ring
+// of H - 1, and gathers in a ring; flat rings take P - 1.
+double steps_between_hosts(const Cluster& c, bool reduce) {
+  const int H = c.hosts;
+  if (H == 1) return 0;
+  if (!(c.hierarchy && c.per_host > 1)) return c.world() - 1;
+  if (reduce && (H & (H - 1)) == 0) return std::log2(static_cast<double>(H));
+  return H - 1;
+}
+
+Pass ring_pass(const Cluster& c, double elements, double wire, bool reduce) {
   const double n = elements * wire;
   const int H = c.hosts, P = c.world();
+  if (n == 0) return {};                          // nothing to move: no collective
   if (H == 1) return {0, n / c.shm_bytes_per_s};  // one host: shared memory only
+  const double latency = steps_between_hosts(c, reduce) * c.net_latency_s;
   if (c.hierarchy && c.per_host > 1) {
     const double bytes = n * (H - 1) / H;
-    return {bytes, bytes / c.net_bytes_per_s + (H - 1) * c.net_latency_s + n / c.shm_bytes_per_s};
+    return {bytes, bytes / c.net_bytes_per_s + latency + n / c.shm_bytes_per_s};
   }
   const double bytes = n * (P - 1) / P;  // the ring crosses each host boundary once per step
-  return {bytes, bytes / c.net_bytes_per_s + (P - 1) * c.net_latency_s};
+  return {bytes, bytes / c.net_bytes_per_s + latency};
 }
 
 // qgZ's reduce-scatter (NOTE [quantized reduce-scatter]): all-to-all of int4 codes; in the
@@ -66,15 +80,16 @@ StepTime model_step(const Cluster& c, const StepWork& w) {
   const double all = static_cast<double>(w.elements());
   if (w.stage == 0) {
     // The gradients' all-reduce, bucket by bucket during backward.
-    Pass ar = ring_pass(c, all, item).times(2);
+    Pass ar = ring_pass(c, all, item, true);
+    ar += ring_pass(c, all, item, false);
     t.reduce_bytes = ar.bytes;
     hidden += ar;
   } else {
     // What is not a unit (everything below stage 3): reduce-scattered (stage 1 once a step, at
     // the boundary; stages 2-3 every micro-batch), all-gathered after the step.
     const double others = w.stage == 3 ? static_cast<double>(w.other) : all;
-    Pass rs = ring_pass(c, others, item).times(w.stage == 1 ? 1 : gas);
-    Pass ag = ring_pass(c, others, item);
+    Pass rs = ring_pass(c, others, item, true).times(w.stage == 1 ? 1 : gas);
+    Pass ag = ring_pass(c, others, item, false);
     t.reduce_bytes += rs.bytes;
     t.after_bytes += ag.bytes;
     if (w.stage >= 2 && w.overlap_comm) {
@@ -99,12 +114,12 @@ StepTime model_step(const Cluster& c, const StepWork& w) {
       later += static_cast<double>(w.units[i]);
     }
     const double wire = w.quantized_weights ? kWeightWire : item;
-    Pass gather = ring_pass(c, unit_elements, wire).times(gas);
+    Pass gather = ring_pass(c, unit_elements, wire, false).times(gas);
     Pass regather = w.secondary_partition
                         ? Pass{0, regathered * item / c.shm_bytes_per_s}.times(gas)
-                        : ring_pass(c, regathered, wire).times(gas);
+                        : ring_pass(c, regathered, wire, false).times(gas);
     Pass reduce = (w.quantized_gradients ? quantized_reduce(c, unit_elements)
-                                         : ring_pass(c, unit_elements, item))
+                                         : ring_pass(c, unit_elements, item, true))
                       .times(gas);
     t.gather_bytes = gather.bytes;
     t.regather_bytes = regather.bytes;
@@ -116,13 +131,14 @@ StepTime model_step(const Cluster& c, const StepWork& w) {
     const double buckets =
         std::max<double>(static_cast<double>(K),
                          unit_elements / static_cast<double>(std::max<int64_t>(w.reduce_bucket_size, 1)));
-    const double steps = c.hosts == 1 ? 0
-                         : c.hierarchy && c.per_host > 1 ? c.hosts - 1
-                                                        : c.world() - 1;
     const double regathers = w.secondary_partition ? 0 : static_cast<double>(t.units_regathered);
-    hidden.seconds += gas * (buckets - 1 + std::max<double>(static_cast<double>(K) - 1, 0) +
-                             std::max(regathers - 1, 0.0)) *
-                      steps * c.net_latency_s;
+    const double reduce_steps = w.quantized_gradients ? (c.hosts == 1 ? 0 : c.hosts - 1)
+                                                      : steps_between_hosts(c, true);
+    hidden.seconds += gas * c.net_latency_s *
+                      ((buckets - 1) * reduce_steps +
+                       (std::max<double>(static_cast<double>(K) - 1, 0) +
+                        std::max(regathers - 1, 0.0)) *
+                           steps_between_hosts(c, false));
     if (w.quantized_weights) {
       // Every rank dequantizes every gathered element (forward, and backward unless hpZ).
       const double read = unit_elements + (w.secondary_partition ? 0 : regathered);

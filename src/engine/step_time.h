@@ -14,9 +14,10 @@
 // within stage3_max_reuse_distance and stage3_max_live_parameters), and reduce-scatters the
 // units' gradients; stages 2-3 reduce-scatter the rest (stage 2 every micro-batch, stage 1 once
 // a step); every stage 1-3 all-gathers what is not a unit after the step; stage 0 all-reduces.
-// Time: each collective takes bytes / link bandwidth plus one latency per ring step (H-1 in the
-// hierarchy, P-1 flat; twice for an all-reduce), plus, in the hierarchy, two passes over the
-// buffer through shared memory. What runs during forward and backward (stage 3's gathers and
+// Time: each collective takes bytes / link bandwidth plus one latency per step between hosts
+// (the hierarchy's reduce-scatter log2 H when H is a power of two, NOTE [tree order], else H-1,
+// its all-gather H-1; flat rings P-1; an all-reduce is both), plus, in the hierarchy, a pass
+// over the buffer through shared memory. What runs during forward and backward (stage 3's gathers and
 // reduce-scatter, stage 2's reduce-scatter under overlap_comm), M seconds of it, hides behind
 // compute C, but only `overlap` x C of it (communication needs CPU time and memory bandwidth of
 // its own, and prefetching runs only so far ahead):

@@ -393,6 +393,47 @@ TEST(HierarchyCollectives, EveryRankGetsTheSameBitsAndOtherLayoutsStayFlat) {
   }
 }
 
+// NOTE [tree order]: with powers of two of hosts and of ranks per host, the hierarchy sums in
+// the tree one host of all the ranks sums in: all_reduce (sum and avg) and an uneven
+// reduce_scatter give one host's bits at 2 x 2, 2 x 4 and 4 x 2, pieces and tails included.
+TEST(HierarchyCollectives, PowersOfTwoGiveOneHostsBits) {
+  const int64_t n = (int64_t{1} << 20) * 3 + 13;  // several shared-memory slots and tree pieces
+  for (auto [hosts, per_host] : {std::pair{2, 2}, std::pair{2, 4}, std::pair{4, 2}}) {
+    const int world = hosts * per_host;
+    auto counts = split_evenly(n, world);
+    counts[0] += counts[1] / 2;  // uneven, one chunk short
+    counts[1] -= counts[1] / 2;
+    struct Out {
+      at::Tensor sum, avg, scattered;
+    };
+    auto run = [&](const testing::OptionsFn& options_of) {
+      std::vector<Out> out(world);
+      expect_no_errors(testing::run_thread_ranks_with(options_of, world, [&](Communicator& c) {
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(300 + c.rank());
+        auto x = at::randn({n}, gen) * at::exp(at::randn({n}, gen) * 4);  // wide exponents
+        Out& o = out[c.rank()];
+        o.sum = x.clone();
+        c.all_reduce(o.sum)->wait();
+        o.avg = x.clone();
+        c.all_reduce(o.avg, ReduceOp::avg)->wait();
+        o.scattered = at::empty({counts[c.rank()]});
+        c.reduce_scatter(o.scattered, x, counts)->wait();
+      }));
+      return out;
+    };
+    CommOptions shm;
+    shm.shm = "on";
+    auto one_host = run([&](int) { return shm; });
+    auto across = run(testing::on_hosts(per_host));
+    const std::string what = std::to_string(hosts) + " x " + std::to_string(per_host);
+    for (int r = 0; r < world; ++r) {
+      EXPECT_TRUE(at::equal(across[r].sum, one_host[r].sum)) << what << " rank " << r;
+      EXPECT_TRUE(at::equal(across[r].avg, one_host[r].avg)) << what << " rank " << r;
+      EXPECT_TRUE(at::equal(across[r].scattered, one_host[r].scattered)) << what << " rank " << r;
+    }
+  }
+}
+
 // Ranks that enter different collectives fail at the first barrier, naming both sides, without
 // debug_sync and without waiting for the timeout.
 TEST(ShmCollectives, MismatchedSizesFailAtOnceNamingBothSides) {
