@@ -7,6 +7,10 @@
 #   hier  shared memory inside each host, Gloo between hosts (NOTE [hierarchical collectives])
 #   +qwz, +qgz, +hpz (after either): ZeRO++'s zero_quantized_weights /
 #         zero_quantized_gradients / zero_hpz_partition_size = PER_HOST (stage 3)
+#   fsdp2, hsdp, deepspeed  the peers: PyTorch's FSDP2 over all ranks; FSDP2 sharded inside each
+#         host and replicated across hosts (HSDP); DeepSpeed with the variant's config (+qwz and
+#         +qgz apply to it too), by bench/peers/train_gpt.py (.venv, bench/peers/setup.sh; the
+#         same GPT, initial weights, data order and optimizer; a peer reports its last loss)
 # and reports, per variant, the bytes that crossed between hosts per training step (exact: the
 # hosts' interface counters, TCP/IP headers included, over STEPS - 2 steps, from two runs of the
 # first round), the median tokens/s and time per step over the rounds, each against the first
@@ -70,16 +74,18 @@ for h in $(seq "$HOSTS"); do
   ip netns add "$ns"
   ip link add "dsh${h}_$ID" type veth peer name "dsb${h}_$ID"
   ip link set "dsh${h}_$ID" netns "$ns"
+  # The same name on every host, so that the peers' Gloo can be told which one to use.
+  ip -n "$ns" link set "dsh${h}_$ID" name hostlink
   ip link set "dsb${h}_$ID" master "$BR" up
-  ip -n "$ns" addr add "10.232.$X.$h/24" dev "dsh${h}_$ID"
+  ip -n "$ns" addr add "10.232.$X.$h/24" dev hostlink
   ip -n "$ns" link set lo up
-  ip -n "$ns" link set "dsh${h}_$ID" up
+  ip -n "$ns" link set hostlink up
   if [ "$RATE" != none ] && [ "$NETEM" = 1 ]; then
     # netem's queue must hold a window of packets at this rate, or it drops them.
-    ip netns exec "$ns" tc qdisc add dev "dsh${h}_$ID" root netem rate "$RATE" delay "$DELAY" \
+    ip netns exec "$ns" tc qdisc add dev hostlink root netem rate "$RATE" delay "$DELAY" \
       limit 100000
   elif [ "$RATE" != none ]; then
-    ip netns exec "$ns" tc qdisc add dev "dsh${h}_$ID" root tbf rate "$RATE" burst 1mb latency 200ms
+    ip netns exec "$ns" tc qdisc add dev hostlink root tbf rate "$RATE" burst 1mb latency 200ms
   fi
   echo "$ns slots=$PER_HOST" >>"$WORK/hostfile"
 done
@@ -89,7 +95,7 @@ MASTER="10.232.$X.1"
 sent_between_hosts() {
   local total=0 h
   for h in $(seq "$HOSTS"); do
-    total=$((total + $(ip netns exec "dscpp_h${h}_$ID" cat "/sys/class/net/dsh${h}_$ID/statistics/tx_bytes")))
+    total=$((total + $(ip netns exec "dscpp_h${h}_$ID" cat /sys/class/net/hostlink/statistics/tx_bytes)))
   done
   echo "$total"
 }
@@ -116,38 +122,73 @@ write_config() {
 JSON
 }
 for t in $TRANSPORTS; do write_config "$t"; done
+# The peers start from dscpp's seeded initial weights, as dscpp train does.
+INIT=$WORK/init.safetensors
+case " $TRANSPORTS " in *" fsdp2 "* | *" hsdp "* | *" deepspeed"*)
+  echo '{"train_batch_size": 1, "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}}}' >"$WORK/init.json"
+  build/dscpp train --config "$WORK/init.json" --data "$DATA" --n_layer "$L" --n_head "$H" \
+    --n_embd "$C" --block_size "$T" --vocab_size 256 --steps 0 --save_final "$INIT" \
+    --eval_problems 0 >/dev/null ;;
+esac
 
 port=$((20000 + RANDOM % 10000))
 # run VARIANT STEPS: dscpp train's output; the bytes the hosts sent go to $WORK/bytes.
 run() {
   local hier=auto before
+  local -a cmd
   [ "${1%%+*}" = flat ] && hier=off
   port=$((port + 1))
+  case "$1" in
+    fsdp2 | hsdp | deepspeed*)
+      # Gloo in Python binds to the host name's address (loopback in a namespace) unless told.
+      cmd=(env GLOO_SOCKET_IFNAME=hostlink "$PWD/.venv/bin/python" "$PWD/bench/peers/train_gpt.py"
+        --system "${1%%+*}"
+        --config "$WORK/$1.json" --data "$DATA" --init "$INIT" --n_layer "$L" --n_head "$H"
+        --n_embd "$C" --block_size "$T" --steps "$2" --warmup 1) ;;
+    *)
+      cmd=("$PWD/build/dscpp" train --config "$WORK/$1.json" --n_layer "$L" --n_head "$H"
+        --n_embd "$C" --block_size "$T" --data "$DATA" --steps "$2" --no_shuffle --eval_problems 0
+        --metrics "$WORK/$1.jsonl") ;;
+  esac
   before=$(sent_between_hosts)
+  local rc=0
   OMP_NUM_THREADS=1 DSCPP_COMM_HIERARCHY=$hier timeout 3600 build/dscpp launch \
     --hostfile "$WORK/hostfile" --launcher ssh \
     --remote_cmd 'ip netns exec {host} env DSCPP_HOST_ID={host} {command}' \
-    --master_addr "$MASTER" --master_port "$port" \
-    "$PWD/build/dscpp" train --config "$WORK/$1.json" --n_layer "$L" --n_head "$H" \
-    --n_embd "$C" --block_size "$T" --data "$DATA" --steps "$2" --no_shuffle --eval_problems 0 \
-    --metrics "$WORK/$1.jsonl" 2>&1
+    --master_addr "$MASTER" --master_port "$port" "${cmd[@]}" 2>&1 || rc=$?
   echo $(($(sent_between_hosts) - before)) >"$WORK/bytes"
+  return "$rc"
 }
 
 echo "multihost: $HOSTS hosts x $PER_HOST ranks, links $RATE, delay $DELAY, model $MODEL" \
   "(L $L, C $C, T $T, micro-batch $MB), stage $STAGE, $PREC, $ROUNDS rounds of $STEPS steps"
-declare -A tps bytes_per_step loss
+declare -A tps bytes_per_step loss last failed
 for round in $(seq "$ROUNDS"); do
   for t in $TRANSPORTS; do
-    out=$(run "$t" "$STEPS") || { echo "$out" | tail -30; echo "multihost: $t failed" >&2; exit 1; }
+    [ -n "${failed[$t]:-}" ] && continue
+    if ! out=$(run "$t" "$STEPS"); then
+      # A peer that cannot run is a row that says why; dscpp failing is an error.
+      why=$(echo "$out" | grep -m1 -o 'peer failed: .*' || true)
+      [ -n "$why" ] || { echo "$out" | tail -30; echo "multihost: $t failed" >&2; exit 1; }
+      failed[$t]=$why
+      echo "round $round $t: $why"
+      continue
+    fi
     long=$(cat "$WORK/bytes")
-    v=$(echo "$out" | tokens_per_s)
+    v=$(echo "$out" | tokens_per_s || true)
     [ -n "$v" ] || { echo "$out" | tail -30; echo "multihost: no throughput line" >&2; exit 1; }
     tps[$t]="${tps[$t]:-} $v"
-    # The mean loss of the last 20 steps (every variant trains on the same batches).
-    loss[$t]=$(grep -o '"loss": [0-9.eE+-]*' "$WORK/$t.jsonl" | tail -20 |
-      awk '{s += $2; n++} END {printf "%.4f", s / n}')
-    cp "$WORK/$t.jsonl" "$WORK/$t.last.jsonl"
+    # The mean loss of the last 20 steps (every variant trains on the same batches); a peer's
+    # last step's.
+    if [ -f "$WORK/$t.jsonl" ]; then
+      loss[$t]=$(grep -o '"loss": [0-9.eE+-]*' "$WORK/$t.jsonl" | tail -20 |
+        awk '{s += $2; n++} END {printf "%.4f", s / n}')
+      last[$t]=$(grep -o '"loss": [0-9.eE+-]*' "$WORK/$t.jsonl" | tail -1 | awk '{printf "%.4f", $2}')
+      cp "$WORK/$t.jsonl" "$WORK/$t.last.jsonl"
+    else
+      last[$t]=$(echo "$out" | grep -o 'step [0-9]* loss [0-9.]*' | tail -1 | awk '{print $4}')
+      loss[$t]=-
+    fi
     if [ "$round" = 1 ]; then
       echo "$out" | grep -m1 -E "collectives (on CPU tensors|use flat)" || true
       # LOGGER=1: rank 0's comms_logger table (its bytes sent to its own host and to others).
@@ -161,15 +202,20 @@ done
 
 tokens_per_step=$((MB * WORLD * T))
 base=${TRANSPORTS%% *}
-printf '\n| variant | between hosts per step (MiB) | vs %s | tokens/s (median) | s/step | speed-up vs %s | mean loss, last 20 steps | vs %s |\n' "$base" "$base" "$base"
-printf '|---|---|---|---|---|---|---|---|\n'
+printf '\n| variant | between hosts per step (MiB) | vs %s | tokens/s (median) | s/step | speed-up vs %s | mean loss, last 20 steps | vs %s | loss, last step |\n' "$base" "$base" "$base"
+printf '|---|---|---|---|---|---|---|---|---|\n'
 base_tps=$(median ${tps[$base]})
 base_bytes=${bytes_per_step[$base]}
 for t in $TRANSPORTS; do
+  if [ -n "${failed[$t]:-}" ]; then
+    echo "| $t | ${failed[$t]} | | | | | | | |"
+    continue
+  fi
   m=$(median ${tps[$t]})
-  awk -v b="${bytes_per_step[$t]}" -v fb="$base_bytes" -v m="$m" -v fm="$base_tps" -v n="$tokens_per_step" -v t="$t" -v l="${loss[$t]}" -v fl="${loss[$base]}" \
-    'BEGIN { printf "| %s | %.1f | %.2f | %.0f | %.2f | %.2fx | %s | %+.2f%% |\n", t, b / 1048576, b / fb, m,
-             n / m, m / fm, l, (l / fl - 1) * 100 }'
+  awk -v b="${bytes_per_step[$t]}" -v fb="$base_bytes" -v m="$m" -v fm="$base_tps" -v n="$tokens_per_step" -v t="$t" -v l="${loss[$t]}" -v fl="${loss[$base]}" -v e="${last[$t]}" \
+    'BEGIN { d = (l == "-" || fl == "-") ? "-" : sprintf("%+.2f%%", (l / fl - 1) * 100)
+             printf "| %s | %.1f | %.2f | %.0f | %.2f | %.2fx | %s | %s | %s |\n", t, b / 1048576, b / fb, m,
+             n / m, m / fm, l, d, e }'
 done
 
 # PLOT=FILE.svg: the loss of every variant's last run by step, and each one's difference from

@@ -6,6 +6,9 @@ one of
   ddp_compile  the same under torch.compile (inductor, C++/OpenMP code on a CPU)
   fsdp2        torch.distributed.fsdp.fully_shard per transformer block, then the root (ZeRO-3's
                analogue: parameters, gradients and optimizer state sharded)
+  hsdp         fsdp2 over a 2-D mesh (hosts x ranks per host, LOCAL_WORLD_SIZE ranks per host):
+               sharded inside each host, replicated across hosts (FSDP2's HSDP; what a PyTorch
+               user picks across hosts where dscpp's hierarchy and ZeRO++ apply)
   deepspeed    deepspeed.initialize with the same DeepSpeed config file dscpp gets (its stage,
                bf16, optimizer and clipping), on DeepSpeed's CPU accelerator over gloo
 from the same DeepSpeed config file dscpp train reads: train_micro_batch_size_per_gpu and
@@ -62,7 +65,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
                                 "golden"))
 from gpt_reference import GPT, st_tensors  # noqa: E402
 
-SYSTEMS = ("ddp", "ddp_compile", "fsdp2", "deepspeed")
+SYSTEMS = ("ddp", "ddp_compile", "fsdp2", "hsdp", "deepspeed")
 
 
 def batch_settings(cfg, world):
@@ -165,7 +168,12 @@ class Fsdp2(TorchStep):
                 model = new_gpt(a)
         else:
             model = build_model(a)
-        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        if a.system == "hsdp":
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            mesh = init_device_mesh("cpu", (dist.get_world_size() // local, local),
+                                    mesh_dim_names=("replicate", "shard"))
+        else:
+            mesh = init_device_mesh("cpu", (dist.get_world_size(),))
         kw = {"mesh": mesh}
         if bf16:
             kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
@@ -345,7 +353,8 @@ def main():
         dist.init_process_group("gloo")
     torch.manual_seed(1234)
     try:
-        system = {"ddp": Ddp, "ddp_compile": Ddp, "fsdp2": Fsdp2, "deepspeed": DeepSpeed}[a.system]
+        system = {"ddp": Ddp, "ddp_compile": Ddp, "fsdp2": Fsdp2, "hsdp": Fsdp2,
+                  "deepspeed": DeepSpeed}[a.system]
         trainer = system(a, cfg, bf16)
     except Exception as e:  # a peer that cannot run is a row that says why
         traceback.print_exc()
