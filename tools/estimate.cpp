@@ -30,7 +30,7 @@ struct NetworkOptions {
   double compute_s = 0;      // 0: from --rank_gflops
   double rank_gflops = 45;   // this machine, 4 ranks on 2 cores (docs/benchmarks.md)
   double overlap = 0.49;
-  std::string scaling;       // "8,32,128": host counts for the scaling table
+  std::vector<int> scaling;  // host counts for the scaling table
 };
 
 // The step-time rows at `hosts` x `per_host`: stages 2 and 3, flat and hierarchical, and stage 3
@@ -85,7 +85,6 @@ void print_step_times(const models::GPTConfig* gpt, int64_t params, const Config
   }
   w.reduce_bucket_size = zc.reduce_bucket_size;
   w.max_reuse_distance = zc.stage3_max_reuse_distance;
-  w.max_live_parameters = zc.stage3_max_live_parameters;
   w.overlap = net.overlap;
   if (gpt) {
     engine::add_gpt_units(*gpt, zc.stage3_param_persistence_threshold, &w);
@@ -127,15 +126,7 @@ void print_step_times(const models::GPTConfig* gpt, int64_t params, const Config
                              t.step_s, v.work.stage == 3 ? std::to_string(t.units_regathered) : "-");
   }
   if (net.scaling.empty()) return;
-  std::vector<int> hosts;
-  for (size_t at = 0; at < net.scaling.size();) {
-    size_t comma = net.scaling.find(',', at);
-    if (comma == std::string::npos) comma = net.scaling.size();
-    const int h = std::stoi(net.scaling.substr(at, comma - at));
-    DSCPP_CHECK(h >= 1, ConfigError, "--scaling: host counts are >= 1, got ", h);
-    hosts.push_back(h);
-    at = comma + 1;
-  }
+  const std::vector<int>& hosts = net.scaling;
   std::cout << "\nscaling at " << cluster.per_host
             << " rank(s) per host: step seconds (efficiency: one host's step / this one's)\n\n"
             << "| setting |";
@@ -197,7 +188,9 @@ int estimate_main(int argc, char** argv) {
   app.add_option("--overlap", net.overlap,
                  "share of the compute time that communication hides behind")
       ->capture_default_str();
-  app.add_option("--scaling", net.scaling, "host counts for a scaling table, e.g. 8,32,128");
+  app.add_option("--scaling", net.scaling, "host counts for a scaling table, e.g. 8,32,128")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
   app.add_option("--log_level", level, "debug|info|warning|error");
   CLI11_PARSE(app, argc, argv);
   set_log_level(parse_log_level(level));

@@ -10,14 +10,15 @@
 // group of their own. Every column works at once on its own share of the data, so all R ranks of
 // a host use the network in parallel and none carries more than 1/R of the host's bytes.
 //   all_reduce      shared-memory reduce-scatter of R equal shares (share l to local rank l);
-//                   column l all-reduces share l across hosts (ring reduce-scatter then
+//                   column l all-reduces share l across hosts (reduce-scatter: a tree when
+//                   H is a power of two, NOTE [tree order], else a ring; then a ring
 //                   all-gather); shared-memory all-gather of the shares.
 //   reduce_scatter  rank (h, l) must end with chunk h*R + l reduced over every rank. For each
 //                   host h' the chunks h'R .. h'R+R-1 are consecutive in the input: one shared-
 //                   memory reduce-scatter per h' leaves local rank l with its host's sum of
 //                   chunk h'R + l. Column l holds, per host, the host sums of the chunks of
-//                   local rank l everywhere; a ring reduce-scatter over the column gives each
-//                   member its own chunk.
+//                   local rank l everywhere; a reduce-scatter over the column (tree or ring, as
+//                   above) gives each member its own chunk.
 //   all_gather      column l gathers the inputs of local rank l on every host (ring), then one
 //                   shared-memory all-gather per host h' hands those H chunks to the host's other
 //                   ranks.

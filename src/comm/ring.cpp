@@ -138,11 +138,12 @@ void tree_reduce_scatter(const RingContext& ctx, at::Tensor& output, const at::T
   at::Tensor recv = at::empty({half * piece}, input.options());
   at::Tensor acc = at::empty({half * piece}, input.options());
   for (int64_t start = 0; start < max_chunk; start += piece) {
+    // Piece `start` of chunk c: [start, start + piece) of it, clipped to its length.
+    auto length = [&](int c) { return std::min(piece, counts[c] - std::min(start, counts[c])); };
     auto part = [&](const at::Tensor& t, int64_t base, int c) {
-      const int64_t from = std::min(start, counts[c]);
-      return t.narrow(0, base + from, std::min(piece, counts[c] - from));
+      return t.narrow(0, base + std::min(start, counts[c]), length(c));
     };
-    auto slot = [&](int c) { return acc.narrow(0, (c / 2) * piece, part(input, 0, c).numel()); };
+    auto slot = [&](int c) { return acc.narrow(0, (c / 2) * piece, length(c)); };
     for (int k = 0, bit = 1; bit < n; ++k, bit <<= 1) {
       // Held now: the chunks c = r (mod bit). Those whose bit k differs from r's go to the
       // partner, who sends this rank's half in the same (increasing) order.

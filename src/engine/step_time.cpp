@@ -39,6 +39,12 @@ double steps_between_hosts(const Cluster& c, bool reduce) {
   return H - 1;
 }
 
+// Hosts (hierarchy) or ranks (flat) that qgZ's all-to-all sends to, one message each.
+double all_to_all_steps(const Cluster& c) {
+  if (c.hosts == 1) return 0;
+  return c.hierarchy && c.per_host > 1 ? c.hosts - 1 : c.world() - 1;
+}
+
 Pass ring_pass(const Cluster& c, double elements, double wire, bool reduce) {
   const double n = elements * wire;
   const int H = c.hosts, P = c.world();
@@ -56,12 +62,11 @@ Pass ring_pass(const Cluster& c, double elements, double wire, bool reduce) {
 // qgZ's reduce-scatter (NOTE [quantized reduce-scatter]): all-to-all of int4 codes; in the
 // hierarchy each host's exact sum crosses once, flat every rank's own contribution.
 Pass quantized_reduce(const Cluster& c, double elements) {
-  const int H = c.hosts, R = c.per_host, P = c.world();
+  const int H = c.hosts, R = c.per_host;
   if (H == 1) return {0, elements * 4 / c.shm_bytes_per_s};  // exact on one host
   const bool hier = c.hierarchy && R > 1;
   const double bytes = (hier ? 1.0 : R) * elements * kGradientWire * (H - 1) / H;
-  const double steps = hier ? H - 1 : P - 1;
-  return {bytes, bytes / c.net_bytes_per_s + steps * c.net_latency_s +
+  return {bytes, bytes / c.net_bytes_per_s + all_to_all_steps(c) * c.net_latency_s +
                      (hier ? elements * 4 / c.shm_bytes_per_s : 0)};
 }
 
@@ -132,8 +137,8 @@ StepTime model_step(const Cluster& c, const StepWork& w) {
         std::max<double>(static_cast<double>(K),
                          unit_elements / static_cast<double>(std::max<int64_t>(w.reduce_bucket_size, 1)));
     const double regathers = w.secondary_partition ? 0 : static_cast<double>(t.units_regathered);
-    const double reduce_steps = w.quantized_gradients ? (c.hosts == 1 ? 0 : c.hosts - 1)
-                                                      : steps_between_hosts(c, true);
+    const double reduce_steps =
+        w.quantized_gradients ? all_to_all_steps(c) : steps_between_hosts(c, true);
     hidden.seconds += gas * c.net_latency_s *
                       ((buckets - 1) * reduce_steps +
                        (std::max<double>(static_cast<double>(K) - 1, 0) +

@@ -11,7 +11,7 @@
 // (H-1)/H of it, at 0.5 bytes and 4/512 of a scale per element; hpZ's backward gathers stay in
 // the host. Per micro-batch: stage 3 gathers every unit in forward, again in backward those not
 // kept (a unit is kept when the elements gathered between its forward and its backward stay
-// within stage3_max_reuse_distance and stage3_max_live_parameters), and reduce-scatters the
+// within stage3_max_reuse_distance, as Stage3::reused_soon decides), and reduce-scatters the
 // units' gradients; stages 2-3 reduce-scatter the rest (stage 2 every micro-batch, stage 1 once
 // a step); every stage 1-3 all-gathers what is not a unit after the step; stage 0 all-reduces.
 // Time: each collective takes bytes / link bandwidth plus one latency per step between hosts
@@ -61,7 +61,6 @@ struct StepWork {
   bool overlap_comm = false;
   int64_t reduce_bucket_size = 500000000;  // elements (ring latency per bucket)
   int64_t max_reuse_distance = 1000000000;
-  int64_t max_live_parameters = 1000000000;
   bool quantized_weights = false;    // qwZ
   bool quantized_gradients = false;  // qgZ
   bool secondary_partition = false;  // hpZ

@@ -73,7 +73,7 @@ void ParamFetcher::gather(FetchUnit& u, Gather kind) {
   u.gathered = true;
   live_ += static_cast<int64_t>(u.block.nbytes());
   peak_ = std::max(peak_, live_ + secondary_);
-  if (kind == Gather::kBackward && u.secondary.defined()) {
+  if (from_host(u, kind)) {
     // NOTE [secondary partition]: from the host's secondary shards, through shared memory.
     const int64_t part = n / secondary_group_;
     std::vector<at::Tensor> outputs;

@@ -84,6 +84,10 @@ class ParamFetcher {
   void park(FetchUnit& u);
   // Swaps a block in and launches the all-gather into it that `kind` says; returns at once.
   void gather(FetchUnit& u, Gather kind = Gather::kPlain);
+  // Whether gather(u, kind) takes u from its host's secondary shards (no shard of its own read).
+  static bool from_host(const FetchUnit& u, Gather kind) {
+    return kind == Gather::kBackward && u.secondary.defined();
+  }
   // Waits for u's all-gather (if any), dequantizes a quantized one into `full`, keeps the
   // secondary shard when asked, then drops a shard brought in from disk. Throws CommError if it
   // failed.

@@ -171,8 +171,8 @@ void Stage3::request_gathered(int u, bool record) {
 
 void Stage3::gather(int u, Gather kind) {
   Unit& unit = units_[u];
-  const bool from_host = kind == Gather::kBackward && unit.storage.secondary.defined();
-  if (unit.disk >= 0 && !unit.storage.shard.defined() && !unit.storage.gathered && !from_host) {
+  if (unit.disk >= 0 && !unit.storage.shard.defined() && !unit.storage.gathered &&
+      !ParamFetcher::from_host(unit.storage, kind)) {
     unit.storage.shard = param_swap_->take(unit.disk);
   }
   fetcher_.gather(unit.storage, kind);
