@@ -190,7 +190,7 @@ int estimate_main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--scaling", net.scaling, "host counts for a scaling table, e.g. 8,32,128")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 1 << 20));
   app.add_option("--log_level", level, "debug|info|warning|error");
   CLI11_PARSE(app, argc, argv);
   set_log_level(parse_log_level(level));
