@@ -41,6 +41,9 @@ namespace io {
 class FileSystem;  // include/dscpp/file_system.h
 class AsyncIo;     // include/dscpp/async_io.h
 }  // namespace io
+namespace offload {
+class DeviceLink;  // include/dscpp/device_link.h
+}  // namespace offload
 
 struct InitOptions {
   // The communicator; null: dscpp::comm::init_from_env() with the config's comms_logger.
@@ -63,6 +66,11 @@ struct InitOptions {
   // io_uring (or its thread-pool fallback) with the config's aio settings. Not owned; must
   // outlive the engine.
   io::AsyncIo* async_io = nullptr;
+  // The copies between the model's device and host memory that offload to CPU memory goes
+  // through (offload_optimizer.device "cpu"); null: a copy stream each way for a model on a GPU,
+  // none for a model on the CPU (whose state is in host memory already: nothing moves). The tests
+  // pass a stand-in that makes the CPU act as a device. Not owned; must outlive the engine.
+  offload::DeviceLink* device_link = nullptr;
   // The level of rank 0's step line, logged every steps_per_print steps (step, loss, lr,
   // grad_norm, throughput, memory; with wall_clock_breakdown where the time went). `dscpp train`
   // passes debug (unless the config asks for wall_clock_breakdown) and prints its own progress
@@ -123,7 +131,12 @@ struct MemoryStats {
   int64_t gathered = 0;
   // offload_optimizer nvme: the aligned buffers the swap pipeline cycles through (the master
   // weights and optimizer state themselves are on disk, so master and optimizer_state are 0).
+  // offload_optimizer cpu of a model on a device: the host buffers the gradients come down to and
+  // the parameters go up from.
   int64_t offload_buffers = 0;
+  // Of the above, the bytes in host memory while the model is on a device (offload_optimizer
+  // cpu: master, optimizer_state and offload_buffers); 0 for a model on the CPU.
+  int64_t host = 0;
   int64_t model_states() const { return params + grads + master + optimizer_state; }
 };
 

@@ -59,11 +59,11 @@ std::vector<std::string> check_supported(const Config& c, const SupportContext& 
                 oo.ratio,
                 " is not implemented: dscpp offloads all of a rank's optimizer state or none "
                 "of it. HINT: remove ratio (1.0)");
-    if (oo.pin_memory) {
+    if (oo.pin_memory && !(oo.device == "cpu" && ctx.model_on_device)) {
       warnings.push_back(
           "zero_optimization.offload_optimizer.pin_memory: pinned (page-locked) host memory "
-          "only speeds up copies to and from a GPU; the swap buffers are aligned for direct "
-          "I/O and the model trains on the CPU, so it changes nothing here");
+          "only speeds up copies between host memory and a GPU (offload_optimizer.device "
+          "\"cpu\" with a model on a GPU); here it changes nothing");
     }
   }
   // offload_param cpu and nvme are honoured at stage 3 (set-up: build_strategy; other stages

@@ -17,6 +17,9 @@ namespace dscpp::engine {
 struct SupportContext {
   bool client_optimizer = false;
   bool client_lr_scheduler = false;
+  // The model is on a device other than host memory (a GPU, or the tests' stand-in for one), so
+  // offload to "cpu" copies.
+  bool model_on_device = false;
 };
 
 // Throws ConfigError for the first setting that is refused. Returns the warnings (also logged on

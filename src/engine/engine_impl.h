@@ -33,6 +33,7 @@
 #include "zero/strategy.h"
 
 namespace dscpp::offload {
+class DeviceLink;
 class ParamSwapper;
 }
 
@@ -239,6 +240,10 @@ class EngineImpl {
   // The swap files' I/O (offload): declared before everything that holds a swap file open.
   std::unique_ptr<io::AsyncIo> own_async_io_;
   io::AsyncIo* async_io_ = nullptr;
+  // The copies between the model's device and host memory (offload to CPU memory of a model on
+  // a device); null when nothing is copied. Declared before the store that issues them.
+  std::unique_ptr<offload::DeviceLink> own_device_link_;
+  offload::DeviceLink* device_link_ = nullptr;
   // Where this rank's part of the fp32 values (and with offload the optimizer's states) lives.
   std::unique_ptr<precision::PartStore> store_;
   std::unique_ptr<zero::Strategy> strategy_;

@@ -13,6 +13,7 @@
 #include "dscpp/error.h"
 #include "engine/check_supported.h"
 #include "engine/engine_impl.h"
+#include "dscpp/device_link.h"
 #include "engine/estimate.h"
 #include "offload/optimizer_swapper.h"
 #include "offload/param_swapper.h"
@@ -35,6 +36,7 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> model, Config config, 
       zero_units_(std::move(options.zero_units)),
       file_system_(options.file_system),
       async_io_(options.async_io),
+      device_link_(options.device_link),
       detail_log_level_(options.detail_log_level),
       config_log_level_(options.config_log_level) {
   DSCPP_CHECK(model_, ConfigError, "initialize() was given a null model");
@@ -44,7 +46,8 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> model, Config config, 
   bool cpu_model = true;
   for (const auto& p : model_->parameters()) cpu_model = cpu_model && p.is_cpu();
   if (cpu_model) keep_freed_memory_for_reuse();
-  SupportContext support{client_optimizer_ != nullptr, client_lr_scheduler_ != nullptr};
+  SupportContext support{client_optimizer_ != nullptr, client_lr_scheduler_ != nullptr,
+                         !cpu_model || device_link_ != nullptr};
   std::vector<std::string> ignored = check_supported(config_, support);
   if (!comm_) comm_ = comm::init_from_env(comm::CommOptions::from_config(&config_));
   if (comm_->rank() == 0) {
@@ -272,7 +275,8 @@ zero::StrategyOptions EngineImpl::strategy_options(const zero::FlatLayout& layou
 }
 
 void EngineImpl::check_offload_devices() {
-  // "cpu" offload of a model on the CPU: nothing moves; of a CUDA model: not implemented yet.
+  // "cpu" offload of a model on the CPU: nothing moves. Of a model on a device: the optimizer
+  // steps in host memory through a DeviceLink (NOTE [host step] in src/precision/part_store.cpp).
   const int stage = config_.zero_optimization.stage;
   const auto& zc = config_.zero_optimization;
   // ZeRO++'s quantization (NOTE [block-wise quantization]) runs on the CPU only.
@@ -284,15 +288,37 @@ void EngineImpl::check_offload_devices() {
                 " is not implemented yet: dscpp quantizes on the CPU only. HINT: remove it (NCCL "
                 "then gathers and reduces the training dtype)");
   }
-  // offload_optimizer (stages 1-3; check_supported refuses or warns about the rest).
   const auto& oo = zc.offload_optimizer;
-  if (stage > 0 && oo.device == "cpu") {
-    DSCPP_CHECK(device_.is_cpu(), ConfigError,
+  const bool optimizer_to_host = stage > 0 && oo.device == "cpu";
+  if (device_link_) {
+    DSCPP_CHECK(device_link_->device() == device_, ConfigError,
+                "InitOptions::device_link copies to and from ", device_link_->device(),
+                " but the model is on ", device_,
+                ". HINT: pass a link for the model's device, or none (dscpp makes one)");
+  } else if (optimizer_to_host && !device_.is_cpu()) {
+    DSCPP_CHECK(device_.is_cuda() && offload::cuda_link_available(), ConfigError,
                 "zero_optimization.offload_optimizer.device \"cpu\" with a model on ", device_,
-                " is not implemented yet: the optimizer would step in pinned host memory. HINT: "
-                "remove offload_optimizer (the state then stays in device memory), or use "
-                "device \"nvme\"");
-    if (comm_->rank() == 0) {
+                ": ",
+                device_.is_cuda() ? "this dscpp was built without CUDA"
+                                  : "dscpp copies to host memory from CUDA devices only",
+                ". HINT: remove offload_optimizer, or build dscpp with -DDSCPP_CUDA=ON");
+    own_device_link_ = offload::make_device_link(device_);
+    device_link_ = own_device_link_.get();
+  }
+  if (optimizer_to_host && comm_->rank() == 0) {
+    if (device_link_) {
+      DSCPP_LOG_INFO(
+          "zero_optimization.offload_optimizer.device \"cpu\": the fp32 weights and optimizer "
+          "state live in host memory ({}pinned) and the optimizer steps there, {} elements per "
+          "sub-group; copies through {}",
+          oo.pin_memory ? "" : "not ", zc.sub_group_size, device_link_->describe());
+      if (!oo.pin_memory) {
+        DSCPP_LOG_INFO(
+            "zero_optimization.offload_optimizer.pin_memory false (DeepSpeed's default): the "
+            "gradients come down to pageable memory, which CUDA copies synchronously; true "
+            "page-locks them (and in fp32 the weights) and lets the copies overlap the step");
+      }
+    } else {
       DSCPP_LOG_INFO(
           "zero_optimization.offload_optimizer.device \"cpu\": the model is on the CPU, so its "
           "optimizer state and fp32 weights already live in CPU memory; nothing moves");
@@ -303,11 +329,12 @@ void EngineImpl::check_offload_devices() {
   // come from the master weights or from the optimizer's swap file, never from the parameters.
   const auto& op = zc.offload_param;
   if (stage == 3 && op.device == "cpu") {
-    DSCPP_CHECK(device_.is_cpu(), ConfigError,
+    DSCPP_CHECK(device_.is_cpu() && !device_link_, ConfigError,
                 "zero_optimization.offload_param.device \"cpu\" with a model on ", device_,
                 " is not implemented yet: the shards would wait in pinned host memory. HINT: "
-                "remove offload_param (the shards then stay in device memory), or use device "
-                "\"nvme\"");
+                "remove offload_param (the shards then stay in device memory; "
+                "offload_optimizer.device \"cpu\" moves the optimizer's state to host memory), "
+                "or use device \"nvme\"");
     if (comm_->rank() == 0) {
       DSCPP_LOG_INFO(
           "zero_optimization.offload_param.device \"cpu\": the model is on the CPU, so its "
@@ -369,11 +396,16 @@ void EngineImpl::build_strategy() {
 
   const zero::StrategyOptions so = strategy_options(layout);
 
+  device_ = np.params[0].device();
+  check_offload_devices();
+  const auto& oo = zc.offload_optimizer;
+  const auto& op = zc.offload_param;
+  const bool host_store = stage > 0 && oo.device == "cpu" && device_link_;
   // Rank 0's fp32 values are every rank's before anything is cast or sharded (mixed precision,
-  // stage 3); otherwise the flat buffer is broadcast below. The store takes this rank's part of
-  // them (the master weights, or the swap file), parameter by parameter as the model is cast
-  // into its flat buffers.
-  const bool broadcast_first = mixed || stage == 3;
+  // stage 3) or copied to host memory; otherwise the flat buffer is broadcast below. The store
+  // takes this rank's part of them (the master weights, the swap file, host memory), parameter
+  // by parameter as the model is cast into its flat buffers.
+  const bool broadcast_first = mixed || stage == 3 || host_store;
   if (broadcast_first) {
     std::vector<comm::WorkHandle> works;
     for (auto& p : np.params) {
@@ -382,10 +414,6 @@ void EngineImpl::build_strategy() {
     }
     for (auto& w : works) w->wait();
   }
-  device_ = np.params[0].device();
-  check_offload_devices();
-  const auto& oo = zc.offload_optimizer;
-  const auto& op = zc.offload_param;
   const bool nvme = stage > 0 && oo.device == "nvme";
   const bool param_nvme = stage == 3 && op.device == "nvme";
   // Where the part's fp32 values live (part_store.h), chosen once.
@@ -395,6 +423,11 @@ void EngineImpl::build_strategy() {
   po.nvme = nvme;
   po.sub_group_size = zc.sub_group_size;
   po.params_on_disk = param_nvme;
+  if (host_store) {
+    po.link = device_link_;
+    po.pin_memory = oo.pin_memory;
+    po.buffer_count = static_cast<int>(std::max<int64_t>(2, oo.buffer_count));
+  }
   po.make_swapper = [this](int64_t numel, bool with_values) {
     return build_swapper(numel, with_values);
   };
@@ -574,10 +607,13 @@ void EngineImpl::build_optimizer() {
                 "initialize(). HINT: add {\"optimizer\": {\"type\": \"AdamW\", \"params\": "
                 "{\"lr\": 1e-3}}}");
     // Over this rank's part: everything at stage 0, its shard at stages 1-3; none when the
-    // state is swapped in from disk for each sub-group (StepContext::state).
+    // state is swapped in from disk for each sub-group (StepContext::state); in host memory when
+    // the store steps there (offload_optimizer cpu of a model on a device).
+    at::TensorOptions state = strategy_->options().dtype(at::kFloat);
+    if (store_->steps_on_host()) state = state.device(at::kCPU);
     optimizer_ = optim::make_optimizer(
-        config_.optimizer, store_->holds_optimizer_states() ? 0 : strategy_->part_numel(),
-        strategy_->options().dtype(at::kFloat), strategy_->optimizer_segments());
+        config_.optimizer, store_->holds_optimizer_states() ? 0 : strategy_->part_numel(), state,
+        strategy_->optimizer_segments());
   }
   if (client_lr_scheduler_) {
     DSCPP_CHECK(config_.scheduler.type.empty(), ConfigError,

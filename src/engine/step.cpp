@@ -253,6 +253,7 @@ void EngineImpl::enter_no_sync() {
 }
 
 void EngineImpl::abandon_window() {
+  if (store_) store_->drain();  // a dropped window's gradients may still be on their way to host memory
   strategy_->reducer().zero_grads();
   strategy_->reducer().clear_nonfinite();
   window_micro_steps_ = 0;
@@ -281,6 +282,7 @@ EngineImpl::Reduced EngineImpl::reduce_window() {
     strategy_->reduce_accumulated();
   }
   r.parts = strategy_->parts();
+  store_->gradients_final(r.parts);  // they may travel while the statistics are summed
   // The same arithmetic for every stage's part, so every stage clips alike.
   double part_sq_norm = 0;
   for (const auto& g : adjacent_runs(r.parts)) part_sq_norm += sq_norm(g);
@@ -427,9 +429,9 @@ void EngineImpl::run_optimizer(const Reduced& red, double unscale, double coef, 
 
 void EngineImpl::update_parameters(const Reduced& red, double unscale, double coef, double lr) {
   fault::point(fault::Phase::optimizer);
-  bool on_disk = store_->uses_disk();
-  for (const auto& p : red.parts) on_disk = on_disk || p.sink;
-  if (!on_disk) return run_optimizer(red, unscale, coef, lr);
+  bool midway = store_->can_fail_midway();
+  for (const auto& p : red.parts) midway = midway || p.sink;
+  if (!midway) return run_optimizer(red, unscale, coef, lr);
   std::exception_ptr error;
   try {
     run_optimizer(red, unscale, coef, lr);
@@ -441,7 +443,7 @@ void EngineImpl::update_parameters(const Reduced& red, double unscale, double co
     } catch (...) {
     }
   }
-  // Ranks whose swap failed have a part that is neither the old one nor the new one, while the
+  // Ranks whose swap or copy failed have a part that is neither the old one nor the new one, while the
   // others updated theirs: no rank may go on (the next all-gather would mix them). Every rank
   // learns it here, before publishing, and the engine refuses further steps.
   try {
@@ -517,6 +519,7 @@ MemoryStats EngineImpl::memory_stats() {
   m.staging = strategy_->staging_bytes();
   m.gathered = strategy_->gathered_peak_bytes();
   m.offload_buffers = store_->buffer_bytes() + strategy_->param_swap_buffer_bytes();
+  if (store_->steps_on_host()) m.host = m.master + m.optimizer_state + store_->buffer_bytes();
   return m;
 }
 

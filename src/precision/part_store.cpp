@@ -1,11 +1,13 @@
-// The three PartStores (part_store.h): in the parameters, master weights, swap file.
+// The four PartStores (part_store.h): in the parameters, master weights, swap file, host memory.
 #include "precision/part_store.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 
+#include "dscpp/device_link.h"
 #include "dscpp/error.h"
 #include "offload/optimizer_swapper.h"
 
@@ -158,7 +160,7 @@ class SwapStore final : public PartStore {
   bool holds_optimizer_states() const override {
     return swapper_->names().size() > (with_values_ ? 1 : 0);
   }
-  bool uses_disk() const override { return true; }
+  bool can_fail_midway() const override { return true; }
 
   void step(optim::Optimizer& optimizer, const std::vector<zero::Part>& parts,
             optim::StepContext ctx) override {
@@ -245,6 +247,242 @@ class SwapStore final : public PartStore {
   Fp32Grads fp32_grads_;
 };
 
+
+// NOTE [host step]: offload_optimizer cpu of a model on a device (ZeRO-Offload). This rank's fp32
+// values and the optimizer's states live in host memory (the optimizer is built on the CPU), so
+// the device holds only the parameters and gradients in the training dtype. The part is stepped
+// in sub-groups of sub_group_size elements:
+//   gradients_final   every sub-group's averaged gradients are copied down into one host buffer
+//                     of the part (training dtype), in sub-group order, as soon as the boundary's
+//                     reductions are done: they travel while the step's statistics are summed
+//                     over ranks and the norm is checked
+//   step, for each k  wait for k's gradients; the CPU optimizer steps k's values and states (bf16
+//                     Adam: bf16 gradients in, bf16 parameters out in the same pass); k's updated
+//                     parameters, cast to the training dtype into one of buffer_count host
+//                     buffers (fp32: straight from the values), are copied up at once, while
+//                     k + 1 steps
+//   end               wait for every copy up: the device trains on the new parameters next
+// The arithmetic per element is the in-memory step's, so training is the same bit for bit. The
+// gradient buffer and the values are page-locked with pin_memory (copies then overlap the step;
+// pageable memory is copied synchronously by CUDA), the buffers the parameters go up from always.
+class HostStore final : public PartStore {
+ public:
+  explicit HostStore(const PartStoreOptions& o)
+      : link_(o.link),
+        dtype_(o.dtype),
+        sub_group_size_(std::max<int64_t>(1, o.sub_group_size)),
+        pin_(o.pin_memory),
+        slots_(static_cast<size_t>(std::max(2, o.buffer_count))),
+        fp32_grads_(std::max<int64_t>(1, o.sub_group_size)) {}
+
+  zero::PartTap open(int64_t part_numel) override {
+    values_ = link_->host_empty(part_numel, at::kFloat, pin_ && dtype_ == at::kFloat);
+    values_.zero_();  // elements no parameter covers (padding) stay zero
+    grads_ = link_->host_empty(part_numel, dtype_, pin_);
+    if (dtype_ != at::kFloat) {
+      const int64_t n = std::min(sub_group_size_, part_numel);
+      for (auto& s : slots_) s.buffer = link_->host_empty(n, dtype_, /*pinned=*/true);
+    }
+    return [this](int64_t off, const at::Tensor& v) {
+      at::NoGradGuard no_grad;
+      values_.narrow(0, off, v.numel()).copy_(v.reshape({-1}));
+    };
+  }
+  bool steps_on_host() const override { return true; }
+  bool can_fail_midway() const override { return true; }
+
+  void gradients_final(const std::vector<zero::Part>& parts) override {
+    drain();
+    const auto t0 = Clock::now();
+    down_.assign(sub_groups(), {});
+    for_each_piece(parts, [&](int64_t k, const zero::Part& part, int64_t lo, int64_t n) {
+      down_[k].push_back(
+          link_->to_host(grads_.narrow(0, lo, n), part.grads.narrow(0, lo - part.offset, n)));
+      stats_.bytes_down += n * grads_.element_size();
+    });
+    stats_.issue_seconds += seconds_since(t0);
+  }
+
+  void step(optim::Optimizer& optimizer, const std::vector<zero::Part>& parts,
+            optim::StepContext ctx) override {
+    const auto t0 = Clock::now();
+    if (down_.empty()) gradients_final(parts);
+    // bf16 gradients in, bf16 parameters out, when the optimizer can and no part has a sink.
+    bool fused = dtype_ == at::kBFloat16 && optimizer.fuses_bf16();
+    for (const auto& part : parts) fused = fused && part.sink == nullptr;
+    DSCPP_CHECK(optimizer.supports_pieces(), Error, "internal: ", optimizer.name(),
+                " needs whole parameters and cannot step sub-group by sub-group (check_supported "
+                "refuses it at stages 1-3)");
+    try {
+      int64_t k_prev = -1;
+      Slot* slot = nullptr;
+      for_each_piece(
+          parts,
+          [&](int64_t k, const zero::Part& part, int64_t lo, int64_t n) {
+            if (k != k_prev) {
+              for (auto& h : down_[k]) wait(h);
+              if (dtype_ != at::kFloat) {
+                slot = &slots_[k % slots_.size()];
+                for (auto& h : slot->up) wait(h);
+                slot->up.clear();
+              }
+              k_prev = k;
+            }
+            const auto ts = Clock::now();
+            at::Tensor w = values_.narrow(0, lo, n);
+            at::Tensor g = grads_.narrow(0, lo, n);
+            if (n < values_.numel()) ctx.offset = lo;
+            at::Tensor up;  // what goes up to the device: training dtype, host
+            if (dtype_ == at::kFloat) {
+              optimizer.step(w, g, ctx);
+              up = w;
+            } else {
+              up = slot->buffer.narrow(0, lo - k * sub_group_size_, n);
+              if (fused) {
+                ctx.bf16_params = up;
+                optimizer.step(w, g, ctx);
+              } else {
+                optimizer.step(w, fp32_grads_(g), ctx);
+                if (part.sink == nullptr) up.copy_(w);
+              }
+            }
+            stats_.step_seconds += seconds_since(ts);
+            if (part.sink) {
+              part.store(lo - part.offset, w);
+              return;
+            }
+            CopyHandle h = link_->to_device(part.params.narrow(0, lo - part.offset, n), up);
+            stats_.bytes_up += n * up.element_size();
+            (slot ? slot->up : up_).push_back(std::move(h));
+          });
+      wait_all_up();
+    } catch (...) {
+      drain();  // nothing may still be copying from or into a buffer
+      throw;
+    }
+    down_.clear();
+    stats_.total_seconds += seconds_since(t0);
+  }
+
+  void publish(const std::vector<zero::Part>& parts) override {
+    try {
+      for_each_piece(parts, [&](int64_t k, const zero::Part& part, int64_t lo, int64_t n) {
+        at::Tensor w = values_.narrow(0, lo, n);
+        if (part.sink) return part.store(lo - part.offset, w);
+        at::Tensor up = w;
+        if (dtype_ != at::kFloat) {
+          Slot& slot = slots_[k % slots_.size()];
+          for (auto& h : slot.up) wait(h);
+          slot.up.clear();
+          up = slot.buffer.narrow(0, lo - k * sub_group_size_, n);
+          up.copy_(w);
+          slot.up.push_back(link_->to_device(part.params.narrow(0, lo - part.offset, n), up));
+        } else {
+          up_.push_back(link_->to_device(part.params.narrow(0, lo - part.offset, n), up));
+        }
+      });
+      wait_all_up();
+    } catch (...) {
+      drain();
+      throw;
+    }
+  }
+
+  void drain() override {
+    for (auto& group : down_) {
+      for (auto& h : group) wait_quietly(h);
+    }
+    down_.clear();
+    for (auto& s : slots_) {
+      for (auto& h : s.up) wait_quietly(h);
+      s.up.clear();
+    }
+    for (auto& h : up_) wait_quietly(h);
+    up_.clear();
+  }
+
+  at::Tensor values(const std::vector<zero::Part>&, int64_t offset, int64_t n) const override {
+    return values_.narrow(0, offset, n);
+  }
+  int64_t bytes() const override {
+    return values_.defined() ? static_cast<int64_t>(values_.nbytes()) : 0;
+  }
+  int64_t buffer_bytes() const override {
+    int64_t b = grads_.defined() ? static_cast<int64_t>(grads_.nbytes()) : 0;
+    for (const auto& s : slots_) b += s.buffer.defined() ? static_cast<int64_t>(s.buffer.nbytes()) : 0;
+    return b;
+  }
+  std::string take_report() override {
+    const Stats s = std::exchange(stats_, Stats{});
+    return fmt::format(
+        "offloaded optimizer {:.1f} ms: gradients down {:.1f} MiB, parameters up {:.1f} MiB, "
+        "waited for copies {:.1f} ms, stepped {:.1f} ms",
+        s.total_seconds * 1e3, s.bytes_down / double(1 << 20), s.bytes_up / double(1 << 20),
+        s.wait_seconds * 1e3, s.step_seconds * 1e3);
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  using CopyHandle = offload::CopyHandle;
+  static double seconds_since(Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  }
+  struct Slot {
+    at::Tensor buffer;            // [sub_group_size] training dtype, pinned
+    std::vector<CopyHandle> up;   // its copies to the device in flight
+  };
+  struct Stats {
+    int64_t bytes_down = 0, bytes_up = 0;
+    double total_seconds = 0, wait_seconds = 0, step_seconds = 0, issue_seconds = 0;
+  };
+
+  int64_t sub_groups() const { return (values_.numel() + sub_group_size_ - 1) / sub_group_size_; }
+  // fn(k, part, lo, n) for each overlap [lo, lo + n) of sub-group k with a part, in order of k.
+  void for_each_piece(
+      const std::vector<zero::Part>& parts,
+      const std::function<void(int64_t, const zero::Part&, int64_t, int64_t)>& fn) const {
+    for (int64_t k = 0; k < sub_groups(); ++k) {
+      const int64_t begin = k * sub_group_size_;
+      const int64_t end = std::min(begin + sub_group_size_, values_.numel());
+      for (const auto& part : parts) {
+        const int64_t lo = std::max(begin, part.offset);
+        const int64_t hi = std::min(end, part.offset + part.numel());
+        if (lo < hi) fn(k, part, lo, hi - lo);
+      }
+    }
+  }
+  void wait(const CopyHandle& h) {
+    const auto t0 = Clock::now();
+    h->wait();
+    stats_.wait_seconds += seconds_since(t0);
+  }
+  static void wait_quietly(const CopyHandle& h) {
+    try {
+      h->wait();
+    } catch (...) {
+    }
+  }
+  void wait_all_up() {
+    for (auto& s : slots_) {
+      for (auto& h : s.up) wait(h);
+      s.up.clear();
+    }
+    for (auto& h : up_) wait(h);
+    up_.clear();
+  }
+
+  offload::DeviceLink* link_;
+  at::ScalarType dtype_;
+  int64_t sub_group_size_;
+  bool pin_;
+  at::Tensor values_;  // [part_numel] fp32, host (pinned in fp32 with pin_memory: it goes up)
+  at::Tensor grads_;   // [part_numel] training dtype, host: the gradients come down here
+  std::vector<Slot> slots_;                    // mixed precision: where parameters go up from
+  std::vector<CopyHandle> up_;                 // fp32: copies up in flight (from values_)
+  std::vector<std::vector<CopyHandle>> down_;  // [sub-group] its gradient copies in flight
+  Fp32Grads fp32_grads_;
+  Stats stats_;
+};
 }  // namespace
 
 void PartStore::read(const std::string& what, int64_t, const at::Tensor&) {
@@ -257,6 +495,7 @@ void PartStore::write(const std::string& what, int64_t, const at::Tensor&) {
 
 std::unique_ptr<PartStore> make_part_store(const PartStoreOptions& options) {
   if (options.nvme) return std::make_unique<SwapStore>(options);
+  if (options.link) return std::make_unique<HostStore>(options);
   if (options.dtype != at::kFloat)
     return std::make_unique<MasterStore>(options.dtype, options.device);
   return std::make_unique<ParamsStore>();

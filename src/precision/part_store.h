@@ -6,7 +6,10 @@
 //   swap file          offload_optimizer nvme (src/offload/optimizer_swapper.h): the optimizer's
 //                      states, and the fp32 values too under mixed precision or with the
 //                      parameters on disk, stepped sub-group by sub-group through the file
-// Pinned host memory for a CUDA model would be a fourth implementation.
+//   host memory        offload_optimizer cpu of a model on a device (ZeRO-Offload): the fp32
+//                      values and the optimizer's states in host memory, the gradients copied
+//                      down and the updated parameters up through a DeviceLink, sub-group by
+//                      sub-group (NOTE [host step] in part_store.cpp)
 //
 // The part is the strategy's (zero::Strategy::parts(): its parameters and averaged gradients at
 // each part offset); the store sees it only through those Parts and the tap it hands the
@@ -25,6 +28,7 @@
 #include "zero/strategy.h"
 
 namespace dscpp::offload {
+class DeviceLink;
 class OptimizerSwapper;
 }
 
@@ -43,8 +47,20 @@ class PartStore {
   virtual zero::PartTap open(int64_t part_numel) = 0;
   // Whether the optimizer's states live here (the optimizer is then built holding none).
   virtual bool holds_optimizer_states() const { return false; }
-  // Whether a step or a load goes through a file, and can fail half done.
-  virtual bool uses_disk() const { return false; }
+  // Whether the optimizer steps in host memory while the parameters are on a device (the
+  // optimizer is then built on the CPU).
+  virtual bool steps_on_host() const { return false; }
+  // Whether a step or a load goes through a file or a copy between devices, and can fail half
+  // done.
+  virtual bool can_fail_midway() const { return false; }
+
+  // The parts' averaged gradients are final for this window (the boundary's reductions are
+  // done and nothing writes them before the step): a store that steps elsewhere may start
+  // moving them now. step() follows, or the window is dropped and drain() is called.
+  virtual void gradients_final(const std::vector<zero::Part>& /*parts*/) {}
+  // Waits for whatever the store still has in flight (a dropped window's gradient copies) and
+  // forgets it; failures are dropped with the window. Called before the gradients are zeroed.
+  virtual void drain() {}
 
   // One optimizer step over `parts` (StepContext's lr, step, betas and grad_scale set by the
   // caller), leaving the training-dtype parameters updated: written by the step itself or cast
@@ -88,10 +104,16 @@ struct PartStoreOptions {
   // offload_param nvme: the parameters are on disk, so the fp32 values cannot be read from
   // them and go to the swap file even in fp32.
   bool params_on_disk = false;
+  // offload_optimizer cpu of a model on a device: the link to host memory (not owned), the host
+  // buffers the copies touch page-locked or not (pin_memory), and the sub-group buffers the
+  // updated parameters go up from (buffer_count, at least 2).
+  offload::DeviceLink* link = nullptr;
+  bool pin_memory = false;
+  int buffer_count = 4;
 };
 
-// The store for these options: the swap file with offload_optimizer nvme, else the master
-// weights under mixed precision, else the parameters.
+// The store for these options: the swap file with offload_optimizer nvme, else host memory with
+// a link, else the master weights under mixed precision, else the parameters.
 std::unique_ptr<PartStore> make_part_store(const PartStoreOptions& options);
 
 }  // namespace dscpp::precision

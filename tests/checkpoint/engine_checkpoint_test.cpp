@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <tuple>
 
 #include "checkpoint/checkpoint_test_net.h"
 #include "checkpoint/verify.h"
@@ -16,6 +17,7 @@
 #include "engine/test_net.h"
 #include "support/errors.h"
 #include "support/fault_file_system.h"
+#include "support/stand_in_link.h"
 #include "support/temp_dir.h"
 #include "support/thread_ranks.h"
 
@@ -463,19 +465,30 @@ namespace {
 
 // With the optimizer state on disk (offload_optimizer nvme, sub-groups of 5 elements; at stage 3
 // the parameter shards too), a checkpoint streams the swap file into the rank files and a load
-// writes them back: the resume is bit-exact, and a checkpoint moves between offloaded and
-// in-memory engines both ways.
+// writes them back; in host memory (offload_optimizer cpu of a model on a device: the tests'
+// stand-in for a GPU) a load copies the parameters up again. The resume is bit-exact, and a
+// checkpoint moves between offloaded and in-memory engines both ways.
 TEST(EngineCheckpoint, OffloadedStateSavesAndLoadsBitExactBothWays) {
   constexpr int kWorld = 2, K = 3;
   TempDir swap;
-  for (const auto& [stage, dtype] :
-       std::vector<std::pair<int, std::string>>{{2, "bf16"}, {3, "fp32"}, {1, "fp32"}}) {
-    const std::string what = "stage " + std::to_string(stage) + " " + dtype;
+  for (const auto& [stage, dtype, device] : std::vector<std::tuple<int, std::string, std::string>>{
+           {2, "bf16", "nvme"}, {3, "fp32", "nvme"}, {1, "fp32", "nvme"}, {2, "bf16", "cpu"},
+           {3, "fp32", "cpu"}, {3, "bf16", "cpu"}}) {
+    const std::string what = "stage " + std::to_string(stage) + " " + dtype + " " + device;
+    std::vector<std::unique_ptr<testing::StandInLink>> links;
+    for (int r = 0; r < kWorld; ++r) links.push_back(std::make_unique<testing::StandInLink>());
+    auto options = [&](Communicator& c, bool offload) {
+      InitOptions o = borrowed(c);
+      if (offload && device == "cpu") o.device_link = links[c.rank()].get();
+      return o;
+    };
     const std::string base = kOpt + dtype_cfg(dtype);
     auto cfg = [&](bool offload) {
       std::string z = ", \"zero_optimization\": {\"stage\": " + std::to_string(stage) +
                       ", \"stage3_param_persistence_threshold\": 0";
-      if (offload) {
+      if (offload && device == "cpu") {
+        z += ", \"sub_group_size\": 5, \"offload_optimizer\": {\"device\": \"cpu\"}";
+      } else if (offload) {
         z += ", \"sub_group_size\": 5, \"offload_optimizer\": {\"device\": \"nvme\", "
              "\"nvme_path\": \"" +
              swap.path() + "\", \"pipeline_read\": true, \"pipeline_write\": true}";
@@ -493,7 +506,7 @@ TEST(EngineCheckpoint, OffloadedStateSavesAndLoadsBitExactBothWays) {
         kWorld,
         [&](Communicator& c) {
           CkptNet net;
-          auto e = initialize(net.ptr(), cfg(true), borrowed(c));
+          auto e = initialize(net.ptr(), cfg(true), options(c, true));
           train_steps(*e, net, 0, 2 * K, straight[c.rank()]);
         },
         what + " straight");
@@ -508,7 +521,7 @@ TEST(EngineCheckpoint, OffloadedStateSavesAndLoadsBitExactBothWays) {
           [&](Communicator& c) {
             Record first;
             CkptNet net;
-            auto e = initialize(net.ptr(), cfg(save_offloaded), borrowed(c));
+            auto e = initialize(net.ptr(), cfg(save_offloaded), options(c, save_offloaded));
             train_steps(*e, net, 0, K, first);
             e->save_checkpoint(dir.path());
           },
@@ -517,7 +530,7 @@ TEST(EngineCheckpoint, OffloadedStateSavesAndLoadsBitExactBothWays) {
           kWorld,
           [&](Communicator& c) {
             CkptNet net(0.25);
-            auto e = initialize(net.ptr(), cfg(load_offloaded), borrowed(c));
+            auto e = initialize(net.ptr(), cfg(load_offloaded), options(c, load_offloaded));
             e->load_checkpoint(dir.path());
             train_steps(*e, net, K, 2 * K, resumed[c.rank()]);
           },

@@ -16,6 +16,7 @@
 #include "dscpp/engine.h"
 #include "dscpp/error.h"
 #include "engine/test_net.h"
+#include "offload/offload_test_util.h"
 #include "offload/optimizer_swapper.h"
 #include "offload/param_swapper.h"
 #include "support/errors.h"
@@ -30,7 +31,8 @@ using comm::Communicator;
 using enginetest::config_json;
 using enginetest::kAdamW;
 using enginetest::run_ranks;
-using enginetest::Trajectory;
+using offloadtest::expect_identical;
+using offloadtest::zero_cfg;
 using testing::error_of;
 using testing::error_text;
 using testing::run_thread_ranks;
@@ -38,34 +40,11 @@ using testing::TempDir;
 
 constexpr int kSteps = 10;
 
-std::string zero_cfg(int stage, const std::string& offload = "", int sub_group = 32) {
-  return ", \"zero_optimization\": {\"stage\": " + std::to_string(stage) +
-         (stage == 3 ? ", \"stage3_param_persistence_threshold\": 0" : "") +
-         (offload.empty() ? ""
-                          : ", \"sub_group_size\": " + std::to_string(sub_group) +
-                                ", \"offload_optimizer\": " + offload) +
-         "}";
-}
-
 std::string nvme(const std::string& dir, const std::string& more = "") {
   return "{\"device\": \"nvme\", \"nvme_path\": \"" + dir + "\"" + more + "}";
 }
 
 const std::string kPipelined = ", \"pipeline_read\": true, \"pipeline_write\": true";
-
-// Bit for bit: every loss and grad norm, and the final parameters.
-void expect_identical(const std::vector<Trajectory>& got, const std::vector<Trajectory>& ref,
-                      const std::string& what) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  for (size_t r = 0; r < got.size(); ++r) {
-    ASSERT_EQ(got[r].losses.size(), ref[r].losses.size()) << what;
-    for (size_t i = 0; i < ref[r].losses.size(); ++i) {
-      EXPECT_EQ(got[r].losses[i], ref[r].losses[i]) << what << " rank " << r << " step " << i;
-      EXPECT_EQ(got[r].grad_norms[i], ref[r].grad_norms[i]) << what << " rank " << r;
-    }
-    EXPECT_TRUE(at::equal(got[r].params, ref[r].params)) << what << " rank " << r;
-  }
-}
 
 // The part of every rank is 140 elements at world 2 (280 at world 1): with sub-groups of 32 the
 // pipeline cycles through 5 (9) of them, the last one short, and at stage 3 a sub-group spans
