@@ -454,6 +454,10 @@ void EngineImpl::build_strategy() {
                                   [this](int64_t part_numel) { return store_->open(part_numel); });
   store_->flush();
   strategy_->set_before_values_change([this] { release_live_state(); });
+  if (store_->takes_final_pieces()) {  // a part's offsets are its gradient shard's positions
+    strategy_->reducer().set_on_final_piece(
+        [s = store_.get()](int64_t pos, const at::Tensor& g) { s->gradient_piece_final(pos, g); });
+  }
   if (stage > 0 && stage < 3) {
     DSCPP_LOG_INFO("ZeRO stage {}: {} parameters padded to {}, this rank updates [{}, {})", stage,
                    layout.numel, layout.padded, strategy_->part_begin(),

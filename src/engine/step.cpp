@@ -128,6 +128,7 @@ void EngineImpl::backward(const at::Tensor& loss) {
   const bool side_channel =
       reduce && strategy_->side_channel().defined() && strategy_->side_channel().numel() > 0;
   if (side_channel) write_side_channel();
+  reducer.set_final(reduce);  // this backward's reductions complete the window
   reducer.prepare_backward(reduce, loss);
   // The gradient applied at the boundary is the mean over the global batch: each micro-batch
   // loss is a mean over its samples, so scale by 1/GAS here and average over ranks. fp16 also
@@ -254,6 +255,7 @@ void EngineImpl::enter_no_sync() {
 
 void EngineImpl::abandon_window() {
   if (store_) store_->drain();  // a dropped window's gradients may still be on their way to host memory
+  strategy_->reducer().set_final(false);
   strategy_->reducer().zero_grads();
   strategy_->reducer().clear_nonfinite();
   window_micro_steps_ = 0;
@@ -279,6 +281,7 @@ EngineImpl::Reduced EngineImpl::reduce_window() {
     // The boundary backward did not reduce (no_sync, or a flush): do it now, as DDP does at the
     // next synchronising backward.
     if (side_channel) write_side_channel();
+    strategy_->reducer().set_final(true);
     strategy_->reduce_accumulated();
   }
   r.parts = strategy_->parts();

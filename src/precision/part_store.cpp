@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
+#include <mutex>
 
 #include "dscpp/device_link.h"
 #include "dscpp/error.h"
@@ -252,10 +254,11 @@ class SwapStore final : public PartStore {
 // values and the optimizer's states live in host memory (the optimizer is built on the CPU), so
 // the device holds only the parameters and gradients in the training dtype. The part is stepped
 // in sub-groups of sub_group_size elements:
-//   gradients_final   every sub-group's averaged gradients are copied down into one host buffer
-//                     of the part (training dtype), in sub-group order, as soon as the boundary's
-//                     reductions are done: they travel while the step's statistics are summed
-//                     over ranks and the norm is checked
+//   backward          each piece of the averaged gradient is copied down into one host buffer
+//                     of the part (training dtype) the moment its reduction is retired in the
+//                     boundary's backward (gradient_piece_final, NOTE [final pieces] in
+//                     src/zero/reducer.h), so the copies run beside the rest of backward; what
+//                     no reduction handed over (padding, a flush) goes at gradients_final
 //   step, for each k  wait for k's gradients; the CPU optimizer steps k's values and states (bf16
 //                     Adam: bf16 gradients in, bf16 parameters out in the same pass); k's updated
 //                     parameters, cast to the training dtype into one of buffer_count host
@@ -291,22 +294,40 @@ class HostStore final : public PartStore {
   bool steps_on_host() const override { return true; }
   bool can_fail_midway() const override { return true; }
 
-  void gradients_final(const std::vector<zero::Part>& parts) override {
-    drain();
+  bool takes_final_pieces() const override { return true; }
+  void gradient_piece_final(int64_t pos, const at::Tensor& grads) override {
+    // On the thread that retired the reduction, under the reducer's lock.
+    std::lock_guard<std::mutex> g(mu_);
     const auto t0 = Clock::now();
-    down_.assign(sub_groups(), {});
-    for_each_piece(parts, [&](int64_t k, const zero::Part& part, int64_t lo, int64_t n) {
-      down_[k].push_back(
-          link_->to_host(grads_.narrow(0, lo, n), part.grads.narrow(0, lo - part.offset, n)));
-      stats_.bytes_down += n * grads_.element_size();
-    });
+    issue_down(pos, grads);
+    stats_.issue_seconds += seconds_since(t0);
+  }
+  void gradients_final(const std::vector<zero::Part>& parts) override {
+    // What no reduction handed over already (a flush, a stage whose last pieces came late).
+    std::lock_guard<std::mutex> g(mu_);
+    const auto t0 = Clock::now();
+    for (const auto& part : parts) {
+      const int64_t end = part.offset + part.numel();
+      int64_t at = part.offset;
+      for (auto it = issued_.upper_bound(at); at < end;) {
+        // The issued range that covers `at`, if any, is the one before `it`.
+        if (it != issued_.begin() && std::prev(it)->second > at) {
+          at = std::prev(it)->second;
+          continue;
+        }
+        const int64_t hi = it == issued_.end() ? end : std::min(end, it->first);
+        if (hi > at) issue_down(at, part.grads.narrow(0, at - part.offset, hi - at));
+        at = hi;
+        it = issued_.upper_bound(at);
+      }
+    }
     stats_.issue_seconds += seconds_since(t0);
   }
 
   void step(optim::Optimizer& optimizer, const std::vector<zero::Part>& parts,
             optim::StepContext ctx) override {
     const auto t0 = Clock::now();
-    if (down_.empty()) gradients_final(parts);
+    gradients_final(parts);  // issues only what is not on its way yet
     // bf16 gradients in, bf16 parameters out, when the optimizer can and no part has a sink.
     bool fused = dtype_ == at::kBFloat16 && optimizer.fuses_bf16();
     for (const auto& part : parts) fused = fused && part.sink == nullptr;
@@ -361,6 +382,7 @@ class HostStore final : public PartStore {
       throw;
     }
     down_.clear();
+    issued_.clear();
     stats_.total_seconds += seconds_since(t0);
   }
 
@@ -393,6 +415,7 @@ class HostStore final : public PartStore {
       for (auto& h : group) wait_quietly(h);
     }
     down_.clear();
+    issued_.clear();
     for (auto& s : slots_) {
       for (auto& h : s.up) wait_quietly(h);
       s.up.clear();
@@ -437,6 +460,32 @@ class HostStore final : public PartStore {
   };
 
   int64_t sub_groups() const { return (values_.numel() + sub_group_size_ - 1) / sub_group_size_; }
+  // Issues the copy down of the part's gradient elements [pos, pos + grads.numel()), one copy per
+  // sub-group it touches, and records the range as issued.
+  void issue_down(int64_t pos, const at::Tensor& grads) {
+    if (down_.empty()) down_.resize(sub_groups());
+    const int64_t end = pos + grads.numel();
+    for (int64_t lo = pos; lo < end;) {
+      const int64_t k = lo / sub_group_size_;
+      const int64_t hi = std::min(end, (k + 1) * sub_group_size_);
+      down_[k].push_back(
+          link_->to_host(grads_.narrow(0, lo, hi - lo), grads.narrow(0, lo - pos, hi - lo)));
+      stats_.bytes_down += (hi - lo) * grads_.element_size();
+      lo = hi;
+    }
+    // Merge [pos, end) into the issued ranges (they never overlap: each piece is final once).
+    auto it = issued_.emplace(pos, end).first;
+    if (it != issued_.begin() && std::prev(it)->second == pos) {
+      std::prev(it)->second = end;
+      it = issued_.erase(it);
+      --it;
+    }
+    auto next = std::next(it);
+    if (next != issued_.end() && next->first == it->second) {
+      it->second = next->second;
+      issued_.erase(next);
+    }
+  }
   // fn(k, part, lo, n) for each overlap [lo, lo + n) of sub-group k with a part, in order of k.
   void for_each_piece(
       const std::vector<zero::Part>& parts,
@@ -480,6 +529,8 @@ class HostStore final : public PartStore {
   std::vector<Slot> slots_;                    // mixed precision: where parameters go up from
   std::vector<CopyHandle> up_;                 // fp32: copies up in flight (from values_)
   std::vector<std::vector<CopyHandle>> down_;  // [sub-group] its gradient copies in flight
+  std::map<int64_t, int64_t> issued_;          // ranges [begin, end) of the part gone down
+  std::mutex mu_;  // gradient pieces arrive on the reducer's threads
   Fp32Grads fp32_grads_;
   Stats stats_;
 };

@@ -54,9 +54,16 @@ class PartStore {
   // done.
   virtual bool can_fail_midway() const { return false; }
 
+  // Whether the store wants each piece of the averaged gradient as soon as its reduction is
+  // done (gradient_piece_final; NOTE [final pieces] in src/zero/reducer.h).
+  virtual bool takes_final_pieces() const { return false; }
+  // Elements [part_offset, part_offset + grads.numel()) of the part's averaged gradient are
+  // final for this window (called under the reducer's lock, possibly on an autograd thread).
+  virtual void gradient_piece_final(int64_t /*part_offset*/, const at::Tensor& /*grads*/) {}
   // The parts' averaged gradients are final for this window (the boundary's reductions are
   // done and nothing writes them before the step): a store that steps elsewhere may start
-  // moving them now. step() follows, or the window is dropped and drain() is called.
+  // moving what it has not moved yet. step() follows, or the window is dropped and drain() is
+  // called.
   virtual void gradients_final(const std::vector<zero::Part>& /*parts*/) {}
   // Waits for whatever the store still has in flight (a dropped window's gradient copies) and
   // forgets it; failures are dropped with the window. Called before the gradients are zeroed.

@@ -37,6 +37,7 @@ void InPlaceReducer::launch_locked(Bucket& b) {
   InFlight f;
   f.staging = staging;
   f.result = staging.narrow(0, own_start - b.offset, counts[comm_.rank()]);
+  f.shard_pos = own_start - comm_.rank() * groups_[0].shard;
   f.work = options_.reduce_scatter ? comm_.reduce_scatter(f.result, staging, counts, reduce_op())
                                    : comm_.all_reduce(staging, reduce_op());
   in_flight_.push_back(std::move(f));
@@ -240,6 +241,10 @@ void SlotReducer::on_reduced_locked(InFlight& f) {
     dst.add_(f.result, factor);
   else
     dst.add_(f.result);
+}
+
+at::Tensor SlotReducer::final_piece_locked(const InFlight& f) const {
+  return grad_shard_.narrow(0, f.shard_pos, f.result.numel());
 }
 
 void SlotReducer::release_slot_locked(int slot) {

@@ -111,6 +111,7 @@ class SlotReducer final : public GradReducer {
   bool may_launch_locked(const Bucket& b) const override;
   void launch_locked(Bucket& b) override;
   void on_reduced_locked(InFlight& f) override;
+  at::Tensor final_piece_locked(const InFlight& f) const override;
   void release_slot_locked(int slot) override;
   void on_bucket_complete_locked(Bucket& b) override;
   void after_finish() override;

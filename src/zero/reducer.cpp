@@ -324,6 +324,18 @@ void GradReducer::retire_oldest_locked() {
   f.work->wait();
   wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   on_reduced_locked(f);
+  if (final_ && on_final_piece_ && f.result.defined() && f.result.numel() > 0)
+    on_final_piece_(f.shard_pos, final_piece_locked(f));
+}
+
+void GradReducer::set_on_final_piece(FinalPiece f) {
+  std::lock_guard<std::mutex> g(mu_);
+  on_final_piece_ = std::move(f);
+}
+
+void GradReducer::set_final(bool final) {
+  std::lock_guard<std::mutex> g(mu_);
+  final_ = final;
 }
 
 void GradReducer::retire_completed_locked() {

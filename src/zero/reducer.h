@@ -38,6 +38,7 @@
 #include <torch/csrc/autograd/function.h>
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -116,6 +117,17 @@ class GradReducer {
   // was reduced since the last clear_nonfinite(), or -1 (ReduceOptions::check_finite).
   int first_nonfinite() const;
   void clear_nonfinite();
+  // NOTE [final pieces]: a listener that sees each piece of this rank's averaged gradient the
+  // moment its reduction is retired in a backward whose reductions complete the window (the
+  // accumulation boundary's, or a flush: set_final): (its position in the rank's gradient shard,
+  // where it landed). It runs under the reducer's lock on whichever thread retires the reduction
+  // (an autograd thread in backward, or the caller of finish_backward), after the piece was
+  // scaled; nothing writes the piece again before the step. Offload to host memory starts the
+  // piece's copy there (NOTE [host step]).
+  using FinalPiece = std::function<void(int64_t shard_pos, const at::Tensor& grads)>;
+  void set_on_final_piece(FinalPiece f);
+  void set_final(bool final);
+
   // Bytes of the gradient buffers held between steps (full buffer or shard), and of staging
   // buffers held for the whole run.
   virtual int64_t grad_bytes() const = 0;
@@ -172,6 +184,9 @@ class GradReducer {
   virtual void on_bucket_complete_locked(Bucket& /*b*/) {}
   // After a reduction was waited for (the slot is freed right after).
   virtual void on_reduced_locked(InFlight& /*f*/) {}
+  // Where f's result is once on_reduced_locked ran: this rank's averaged gradient at
+  // [f.shard_pos, f.shard_pos + f.result.numel()) of its shard (NOTE [final pieces]).
+  virtual at::Tensor final_piece_locked(const InFlight& f) const { return f.result; }
   virtual void release_slot_locked(int /*slot*/) {}
   // After finish_backward waited for everything, unlocked.
   virtual void after_finish() {}
@@ -208,6 +223,8 @@ class GradReducer {
 
   mutable std::mutex mu_;
   bool reducing_ = false;
+  bool final_ = false;
+  FinalPiece on_final_piece_;
   bool finishing_ = false;  // in finish_backward, launching what is left
   std::deque<InFlight> in_flight_;
   // Seconds this backward waited for reductions to complete: in its hooks (a bucket that may

@@ -160,6 +160,52 @@ TEST(HostOffload, GradientsGoDownBeforeTheStepAndParametersUpDuringIt) {
   }
 }
 
+// Bytes of copies down issued so far.
+int64_t issued_down(const StandInLink& l) {
+  int64_t b = 0;
+  for (const auto& e : l.events()) {
+    if (e.kind == StandInLink::Event::issued && e.to_host) b += e.bytes;
+  }
+  return b;
+}
+
+// Each piece of the gradient goes down the moment its reduction is done in the boundary's
+// backward (NOTE [final pieces]), not at the step: with GAS 2, nothing after the first backward,
+// the part's gradients (but the padding, which no reduction returns) once the second returns,
+// the rest with the step. Stages 1-3, reduce buckets of 64 elements (several pieces).
+TEST(HostOffload, GradientsGoDownAsTheirReductionsFinish) {
+  for (int stage : {1, 2, 3}) {
+    const std::string what = "stage " + std::to_string(stage);
+    Links links(2);
+    std::vector<int64_t> after_first(2), after_boundary(2), after_step(2), part(2);
+    std::string zero = zero_cfg(stage, kCpu);
+    zero.insert(zero.size() - 1, ", \"reduce_bucket_size\": 64");
+    auto errors = run_thread_ranks(2, [&](Communicator& c) {
+      enginetest::Net net = enginetest::make_net(1);
+      InitOptions o = enginetest::borrowed(c);
+      links.adjust()(o);
+      auto e = initialize(net.ptr(),
+                          config_json(8, 2, kAdamW + ", \"bf16\": {\"enabled\": true}" + zero), o);
+      const StandInLink& l = *links.links[c.rank()];
+      for (int micro = 0; micro < 2; ++micro) {
+        auto X = enginetest::dataset_x().narrow(0, 4 * c.rank() + 2 * micro, 2).to(at::kBFloat16);
+        auto Y = enginetest::dataset_y().narrow(0, 4 * c.rank() + 2 * micro, 2);
+        e->backward(at::mse_loss(net->forward(X).to(at::kFloat), Y));
+        (micro == 0 ? after_first : after_boundary)[c.rank()] = issued_down(l);
+        e->step();
+      }
+      after_step[c.rank()] = issued_down(l);
+      part[c.rank()] = e->memory_stats().master / 4;
+    });
+    for (auto& e : errors) EXPECT_FALSE(e) << error_text(e);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(after_first[r], 0) << what << " rank " << r;
+      EXPECT_GE(after_boundary[r], 2 * (part[r] - 2)) << what << " rank " << r;
+      EXPECT_EQ(after_step[r], 2 * part[r]) << what << " rank " << r;
+    }
+  }
+}
+
 // A copy that fails on rank 1 in the second step: the step fails on both ranks, rank 1 with the
 // copy's error, rank 0 naming rank 1, and neither engine goes on.
 TEST(HostOffload, AFailingCopyStopsEveryRankWithTheCause) {
