@@ -134,8 +134,10 @@ struct MemoryStats {
   // offload_optimizer cpu of a model on a device: the host buffers the gradients come down to and
   // the parameters go up from.
   int64_t offload_buffers = 0;
-  // Of the above, the bytes in host memory while the model is on a device (offload_optimizer
-  // cpu: master, optimizer_state and offload_buffers); 0 for a model on the CPU.
+  // Bytes in host memory while the model is on a device (offload to "cpu"): the optimizer's
+  // (master, optimizer_state and its copy buffers, counted above too) and stage 3's parameter
+  // shards (offload_param cpu; not in params, which counts device memory); 0 for a model on the
+  // CPU.
   int64_t host = 0;
   int64_t model_states() const { return params + grads + master + optimizer_state; }
 };

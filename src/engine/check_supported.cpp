@@ -70,22 +70,26 @@ std::vector<std::string> check_supported(const Config& c, const SupportContext& 
   // ignore it with the parser's warning, as DeepSpeed does).
   const auto& op = z.offload_param;
   if (stage == 3 && op.device == "nvme") {
-    DSCPP_CHECK(mixed || oo.device == "nvme", ConfigError,
+    DSCPP_CHECK(mixed || oo.device == "nvme" || (oo.device == "cpu" && ctx.model_on_device),
+                ConfigError,
                 "zero_optimization.offload_param.device \"nvme\" in fp32 needs "
-                "offload_optimizer.device \"nvme\" too: in fp32 the optimizer updates the "
+                "offload_optimizer.device \"nvme\" too (or \"cpu\" with a model on a GPU): in fp32 the optimizer updates the "
                 "parameters themselves, so with the parameters on disk its fp32 weights must be "
                 "on disk with its state. HINT: add \"offload_optimizer\": {\"device\": \"nvme\", "
                 "\"nvme_path\": ...}, or train in bf16 (the fp32 master weights then stay in "
                 "memory)");
+  }
+  if (stage == 3 && op.device != "none") {
     DSCPP_CHECK(op.buffer_count >= 1, ConfigError,
                 "zero_optimization.offload_param.buffer_count 0 leaves no buffer to read a "
                 "parameter shard into. HINT: remove it (default 5)");
   }
-  if (stage == 3 && op.device != "none" && op.pin_memory) {
+  if (stage == 3 && op.device != "none" && op.pin_memory &&
+      !(op.device == "cpu" && ctx.model_on_device)) {
     warnings.push_back(
         "zero_optimization.offload_param.pin_memory: pinned (page-locked) host memory only "
-        "speeds up copies to and from a GPU; the model trains on the CPU here, so it changes "
-        "nothing");
+        "speeds up copies between host memory and a GPU (offload_param.device \"cpu\" with a "
+        "model on a GPU); here it changes nothing");
   }
   if (z.stage3_gather_16bit_weights_on_model_save) {
     warnings.push_back(

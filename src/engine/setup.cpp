@@ -15,6 +15,7 @@
 #include "engine/engine_impl.h"
 #include "dscpp/device_link.h"
 #include "engine/estimate.h"
+#include "offload/device_shards.h"
 #include "offload/optimizer_swapper.h"
 #include "offload/param_swapper.h"
 #include "util/fault_inject.h"
@@ -289,19 +290,21 @@ void EngineImpl::check_offload_devices() {
                 "then gathers and reduces the training dtype)");
   }
   const auto& oo = zc.offload_optimizer;
+  const auto& op = zc.offload_param;
   const bool optimizer_to_host = stage > 0 && oo.device == "cpu";
+  const bool params_off_device = stage == 3 && op.device != "none";
   if (device_link_) {
     DSCPP_CHECK(device_link_->device() == device_, ConfigError,
                 "InitOptions::device_link copies to and from ", device_link_->device(),
                 " but the model is on ", device_,
                 ". HINT: pass a link for the model's device, or none (dscpp makes one)");
-  } else if (optimizer_to_host && !device_.is_cpu()) {
+  } else if ((optimizer_to_host || params_off_device) && !device_.is_cpu()) {
     DSCPP_CHECK(device_.is_cuda() && offload::cuda_link_available(), ConfigError,
-                "zero_optimization.offload_optimizer.device \"cpu\" with a model on ", device_,
-                ": ",
+                "zero_optimization.", optimizer_to_host ? "offload_optimizer" : "offload_param",
+                " with a model on ", device_, ": ",
                 device_.is_cuda() ? "this dscpp was built without CUDA"
                                   : "dscpp copies to host memory from CUDA devices only",
-                ". HINT: remove offload_optimizer, or build dscpp with -DDSCPP_CUDA=ON");
+                ". HINT: remove it, or build dscpp with -DDSCPP_CUDA=ON");
     own_device_link_ = offload::make_device_link(device_);
     device_link_ = own_device_link_.get();
   }
@@ -327,19 +330,24 @@ void EngineImpl::check_offload_devices() {
   // offload_param (stage 3; check_supported refuses what cannot work): nvme puts the units'
   // shards in a swap file (NOTE [stage 3 parameter offload]); the optimizer's fp32 weights then
   // come from the master weights or from the optimizer's swap file, never from the parameters.
-  const auto& op = zc.offload_param;
+  // With a model on a device the shards wait in host memory (cpu) or behind the swap file
+  // (nvme) and go up for their all-gathers (NOTE [shards off the device]).
   if (stage == 3 && op.device == "cpu") {
-    DSCPP_CHECK(device_.is_cpu() && !device_link_, ConfigError,
-                "zero_optimization.offload_param.device \"cpu\" with a model on ", device_,
-                " is not implemented yet: the shards would wait in pinned host memory. HINT: "
-                "remove offload_param (the shards then stay in device memory; "
-                "offload_optimizer.device \"cpu\" moves the optimizer's state to host memory), "
-                "or use device \"nvme\"");
-    if (comm_->rank() == 0) {
-      DSCPP_LOG_INFO(
-          "zero_optimization.offload_param.device \"cpu\": the model is on the CPU, so its "
-          "parameter shards already live in CPU memory; nothing moves");
+    if (!device_link_) {
+      if (comm_->rank() == 0) {
+        DSCPP_LOG_INFO(
+            "zero_optimization.offload_param.device \"cpu\": the model is on the CPU, so its "
+            "parameter shards already live in CPU memory; nothing moves");
+      }
+      return;
     }
+    DSCPP_CHECK(dtype_ != at::kFloat || optimizer_to_host || oo.device == "nvme", ConfigError,
+                "zero_optimization.offload_param.device \"cpu\" in fp32 needs "
+                "offload_optimizer.device \"cpu\" (or \"nvme\") too: in fp32 the optimizer "
+                "updates the parameters themselves, so with the parameters in host memory its "
+                "fp32 weights must be off the device with them. HINT: add \"offload_optimizer\": "
+                "{\"device\": \"cpu\"}, or train in bf16 (the fp32 master weights then stay "
+                "on the device)");
   }
 }
 
@@ -416,13 +424,16 @@ void EngineImpl::build_strategy() {
   }
   const bool nvme = stage > 0 && oo.device == "nvme";
   const bool param_nvme = stage == 3 && op.device == "nvme";
+  // offload_param cpu of a model on a device: the shards in host memory (NOTE [shards off the
+  // device]); the optimizer's fp32 weights then never come from the parameters, as on disk.
+  const bool param_host = stage == 3 && op.device == "cpu" && device_link_;
   // Where the part's fp32 values live (part_store.h), chosen once.
   precision::PartStoreOptions po;
   po.dtype = dtype_;
   po.device = device_;
   po.nvme = nvme;
   po.sub_group_size = zc.sub_group_size;
-  po.params_on_disk = param_nvme;
+  po.params_on_disk = param_nvme || param_host;
   if (host_store) {
     po.link = device_link_;
     po.pin_memory = oo.pin_memory;
@@ -445,8 +456,30 @@ void EngineImpl::build_strategy() {
     s3.secondary_group = secondary_partition_size();
     if (param_nvme) {
       s3.max_in_cpu = op.max_in_cpu;
-      s3.make_param_swapper = [this](const std::vector<int64_t>& numels, at::ScalarType dtype) {
-        return build_param_swapper(numels, dtype);
+      s3.make_param_swapper = [this](const std::vector<int64_t>& numels, at::ScalarType dtype)
+          -> std::unique_ptr<zero::ShardSwap> {
+        auto on_disk = build_param_swapper(numels, dtype);
+        if (!device_link_) return on_disk;
+        return std::make_unique<offload::DeviceShards>(
+            *device_link_, std::move(on_disk), numels, dtype,
+            static_cast<int>(config_.zero_optimization.offload_param.buffer_count));
+      };
+    } else if (param_host) {
+      s3.max_in_cpu = 0;  // every shard in host memory (max_in_cpu is about the disk)
+      s3.make_param_swapper = [this](const std::vector<int64_t>& numels, at::ScalarType dtype)
+          -> std::unique_ptr<zero::ShardSwap> {
+        const auto& p = config_.zero_optimization.offload_param;
+        auto shards = std::make_unique<offload::DeviceShards>(
+            *device_link_, numels, dtype, static_cast<int>(p.buffer_count), p.pin_memory);
+        if (comm_->rank() == 0) {
+          DSCPP_LOG_INFO(
+              "zero_optimization.offload_param.device \"cpu\": each rank's {} parameter shard "
+              "elements ({:.1f} MiB, {}pinned) wait in host memory; up to {} go up to {} ahead "
+              "of their all-gathers",
+              shards->numel(), shards->host_bytes() / double(1 << 20),
+              p.pin_memory ? "" : "not ", p.buffer_count, device_link_->describe());
+        }
+        return shards;
       };
     }
   }

@@ -523,6 +523,7 @@ MemoryStats EngineImpl::memory_stats() {
   m.gathered = strategy_->gathered_peak_bytes();
   m.offload_buffers = store_->buffer_bytes() + strategy_->param_swap_buffer_bytes();
   if (store_->steps_on_host()) m.host = m.master + m.optimizer_state + store_->buffer_bytes();
+  m.host += strategy_->param_host_bytes();
   return m;
 }
 

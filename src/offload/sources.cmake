@@ -3,5 +3,6 @@
 # where the build has it), appended to the dscpp library.
 target_sources(dscpp PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/device_link.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/device_shards.cpp
   ${CMAKE_CURRENT_LIST_DIR}/optimizer_swapper.cpp
   ${CMAKE_CURRENT_LIST_DIR}/param_swapper.cpp)

@@ -26,6 +26,9 @@ class ShardSwap : public ParamSink {
   virtual int64_t numel() const = 0;
   // Memory held for shards in transit (buffers in use or free).
   virtual int64_t buffer_bytes() const = 0;
+  // Host memory holding the shards themselves while the model is on a device (offload_param cpu
+  // of a model on a GPU, offload/device_shards.h); 0 otherwise.
+  virtual int64_t host_bytes() const { return 0; }
   // Starts bringing shard i in unless it is coming already; false when no more may be in
   // flight (nothing started).
   virtual bool read_ahead(int i) = 0;

@@ -121,6 +121,7 @@ class Stage3 final : public Strategy {
   int64_t param_swap_buffer_bytes() const override {
     return param_swap_ ? param_swap_->buffer_bytes() : 0;
   }
+  int64_t param_host_bytes() const override { return param_swap_ ? param_swap_->host_bytes() : 0; }
   std::vector<CheckpointGroup> checkpoint_groups() const override;
   bool gathered_scope_open() const override { return !scopes_.empty(); }
   int64_t gathered_peak_bytes() const override { return fetcher_.peak_live_bytes(); }

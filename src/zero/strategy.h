@@ -135,8 +135,10 @@ class Strategy {
 
   // Bytes held for the parameters, the gradients between steps and the staging buffers.
   virtual int64_t param_bytes() const = 0;
-  // Stage 3 with offload_param: bytes of the parameter swap's buffers.
+  // Stage 3 with offload_param: bytes of the parameter swap's buffers, and of the shards kept in
+  // host memory for a model on a device (not counted in param_bytes()).
   virtual int64_t param_swap_buffer_bytes() const { return 0; }
+  virtual int64_t param_host_bytes() const { return 0; }
   // Stage 3: the most bytes of gathered unit parameters held at once so far.
   virtual int64_t gathered_peak_bytes() const { return 0; }
   // Stage 3: seconds the training thread waited for parameter all-gathers since the last call,

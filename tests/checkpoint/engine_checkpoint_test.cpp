@@ -466,7 +466,7 @@ namespace {
 // With the optimizer state on disk (offload_optimizer nvme, sub-groups of 5 elements; at stage 3
 // the parameter shards too), a checkpoint streams the swap file into the rank files and a load
 // writes them back; in host memory (offload_optimizer cpu of a model on a device: the tests'
-// stand-in for a GPU) a load copies the parameters up again. The resume is bit-exact, and a
+// stand-in for a GPU; at stage 3 offload_param cpu too) a load copies the parameters up again. The resume is bit-exact, and a
 // checkpoint moves between offloaded and in-memory engines both ways.
 TEST(EngineCheckpoint, OffloadedStateSavesAndLoadsBitExactBothWays) {
   constexpr int kWorld = 2, K = 3;
@@ -488,6 +488,8 @@ TEST(EngineCheckpoint, OffloadedStateSavesAndLoadsBitExactBothWays) {
                       ", \"stage3_param_persistence_threshold\": 0";
       if (offload && device == "cpu") {
         z += ", \"sub_group_size\": 5, \"offload_optimizer\": {\"device\": \"cpu\"}";
+        // Stage 3: the parameter shards in host memory too.
+        if (stage == 3) z += ", \"offload_param\": {\"device\": \"cpu\"}";
       } else if (offload) {
         z += ", \"sub_group_size\": 5, \"offload_optimizer\": {\"device\": \"nvme\", "
              "\"nvme_path\": \"" +

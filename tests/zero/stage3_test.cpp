@@ -29,6 +29,7 @@
 #include "dscpp/zero_unit.h"
 #include "engine/test_net.h"
 #include "support/errors.h"
+#include "support/stand_in_link.h"
 #include "support/temp_dir.h"
 #include "support/thread_ranks.h"
 #include "zero/unit_functions.h"
@@ -94,12 +95,15 @@ struct Run {
 };
 
 // Trains StackNet for `steps` on the data contract's no-shuffle order (as train_with does).
+// `adjust` (may be null) changes the InitOptions (an injected device link, say).
 Run train_stack(Communicator& c, int steps, const std::string& cfg, const zero::UnitPolicy& units,
-                bool checkpoint, const std::function<void()>& trained = nullptr) {
+                bool checkpoint, const std::function<void()>& trained = nullptr,
+                const std::function<void(InitOptions&)>& adjust = nullptr) {
   StackNet net = make_stack_net(100 + c.rank());
   net->checkpoint = checkpoint;
   InitOptions opts = borrowed(c);
   opts.zero_units = units;
+  if (adjust) adjust(opts);
   auto engine = initialize(net.ptr(), cfg, opts);
   const int B = engine->train_batch_size(), b = engine->train_micro_batch_size_per_gpu();
   const int gas = engine->gradient_accumulation_steps(), world = c.world_size();
@@ -131,10 +135,11 @@ Run train_stack(Communicator& c, int steps, const std::string& cfg, const zero::
 }
 
 std::vector<Run> run_stack(int world, int steps, const std::string& cfg,
-                           const zero::UnitPolicy& units = {}, bool checkpoint = false) {
+                           const zero::UnitPolicy& units = {}, bool checkpoint = false,
+                           const std::function<void(InitOptions&)>& adjust = nullptr) {
   std::vector<Run> out(world);
   auto errors = run_thread_ranks(world, [&](Communicator& c) {
-    out[c.rank()] = train_stack(c, steps, cfg, units, checkpoint);
+    out[c.rank()] = train_stack(c, steps, cfg, units, checkpoint, nullptr, adjust);
   });
   for (auto& e : errors) EXPECT_FALSE(e) << cfg << ": " << error_text(e);
   return out;
@@ -1153,6 +1158,64 @@ TEST(EngineZero3, ParametersOnDiskTrainBitForBitAsInMemory) {
           EXPECT_GT(got[r].memory.offload_buffers, 0) << what;
         }
         EXPECT_TRUE(dir.entries().empty()) << what << ": the swap files are unlinked while open";
+      }
+    }
+  }
+}
+
+
+// offload_param cpu of a model on a device (NOTE [shards off the device]), the device being the
+// tests' stand-in for a GPU: every unit's shard waits in host memory and goes up for its
+// all-gathers, read ahead on the recorded order (buffer_count 1 and 5); with the fp32 weights on
+// the device (bf16) or in host memory (offload_optimizer cpu, fp32 and bf16), and with the shards
+// on disk behind the link (nvme). Bit for bit as in memory, at worlds 1 and 2, with activation
+// checkpointing in one case.
+TEST(EngineZero3, ParametersInHostMemoryTrainBitForBitAsInMemory) {
+  testing::TempDir dir;
+  const std::string bf16 = ", \"bf16\": {\"enabled\": true}";
+  const std::string opt_cpu =
+      ", \"sub_group_size\": 100, \"offload_optimizer\": {\"device\": \"cpu\"}";
+  struct Case {
+    std::string name, precision, optimizer, param;
+    bool checkpoint;
+  };
+  const std::string cpu = "{\"device\": \"cpu\", \"pin_memory\": true}";
+  for (const Case& c :
+       {Case{"bf16", bf16, "", cpu, false},
+        Case{"bf16, optimizer in host memory, 1 buffer", bf16, opt_cpu,
+             "{\"device\": \"cpu\", \"buffer_count\": 1}", true},
+        Case{"fp32, optimizer in host memory", "", opt_cpu, cpu, false},
+        Case{"bf16, shards on disk", bf16, opt_cpu,
+             "{\"device\": \"nvme\", \"max_in_cpu\": 0, \"nvme_path\": \"" + dir.path() + "\"}",
+             false}}) {
+    for (int world : {1, 2}) {
+      const std::string what = c.name + " world " + std::to_string(world);
+      const std::string base = kAdamW + c.precision +
+                               zero3(", \"stage3_param_persistence_threshold\": 0" + c.optimizer);
+      auto ref = run_stack(world, 6, config_json(8, 8 / world, base), kEverything, c.checkpoint);
+      std::vector<std::unique_ptr<testing::StandInLink>> links;
+      for (int r = 0; r < world; ++r)
+        links.push_back(std::make_unique<testing::StandInLink>(
+            testing::StandInOptions{std::chrono::microseconds(50)}));
+      auto got = run_stack(
+          world, 6,
+          config_json(8, 8 / world,
+                      kAdamW + c.precision +
+                          zero3(", \"stage3_param_persistence_threshold\": 0" + c.optimizer +
+                                ", \"offload_param\": " + c.param)),
+          kEverything, c.checkpoint,
+          [&](InitOptions& o) { o.device_link = links.at(o.comm->rank()).get(); });
+      for (int r = 0; r < world; ++r) {
+        EXPECT_EQ(got[r].losses, ref[r].losses) << what;
+        EXPECT_EQ(got[r].grad_norms, ref[r].grad_norms) << what;
+        EXPECT_TRUE(at::equal(got[r].params, ref[r].params)) << what;
+        EXPECT_LT(got[r].memory.params, ref[r].memory.params) << what;
+        // Every shard went up for its unit's gather at least once a step; in host memory they
+        // count in `host`, not in `params`.
+        const int64_t shards = ref[r].memory.params - got[r].memory.params;
+        EXPECT_GE(links[r]->bytes(false), 6 * shards) << what;
+        if (c.param.find("nvme") == std::string::npos)
+          EXPECT_GE(got[r].memory.host, shards) << what;
       }
     }
   }
