@@ -191,12 +191,18 @@ int estimate_main(int argc, char** argv) {
   app.add_option("--scaling", net.scaling, "host counts for a scaling table, e.g. 8,32,128")
       ->delimiter(',')
       ->check(CLI::Range(1, 1 << 20));
+  double gpu_gb = 0;
+  app.add_option("--gpu_gb", gpu_gb,
+                 "the model on GPUs of this many GiB each: per-GPU and host-memory columns, and "
+                 "the cpu offload rows")
+      ->check(CLI::PositiveNumber);
   app.add_option("--log_level", level, "debug|info|warning|error");
   CLI11_PARSE(app, argc, argv);
   set_log_level(parse_log_level(level));
 
   engine::EstimateInput in;
   in.world = num_procs;
+  in.on_gpu = gpu_gb > 0;
   if (model == "gpt") {
     gpt.validate();
     in.params = gpt.num_parameters();
@@ -220,21 +226,45 @@ int estimate_main(int argc, char** argv) {
       per_host, dtype, config.optimizer.type, config.zero_optimization.sub_group_size);
   std::cout << fmt::format("this machine: {} available ({})\n\n", engine::format_bytes(avail),
                            source);
-  std::cout << "| setting | params | grads | fp32 master | optimizer | largest unit | swap "
-               "buffers | memory per rank | per host | disk per rank | fits here |\n"
-               "|---|---|---|---|---|---|---|---|---|---|---|\n";
   auto gib = [](int64_t b) { return fmt::format("{:.2f}", b / double(int64_t{1} << 30)); };
-  for (const engine::Estimate& e : engine::estimate_all(in, config)) {
-    const int64_t host = e.memory() * per_host;
-    std::cout << fmt::format(
-        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", e.describe(), gib(e.params),
-        gib(e.grads), gib(e.master), gib(e.optimizer_state), gib(e.live_unit), gib(e.swap_buffers),
-        gib(e.memory()), gib(host), gib(e.disk + e.param_disk), host <= avail ? "yes" : "no");
+  if (!in.on_gpu) {
+    std::cout << "| setting | params | grads | fp32 master | optimizer | largest unit | swap "
+                 "buffers | memory per rank | per host | disk per rank | fits here |\n"
+                 "|---|---|---|---|---|---|---|---|---|---|---|\n";
+    for (const engine::Estimate& e : engine::estimate_all(in, config)) {
+      const int64_t host = e.memory() * per_host;
+      std::cout << fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                               e.describe(), gib(e.params), gib(e.grads), gib(e.master),
+                               gib(e.optimizer_state), gib(e.live_unit), gib(e.swap_buffers),
+                               gib(e.memory()), gib(host), gib(e.disk + e.param_disk),
+                               host <= avail ? "yes" : "no");
+    }
+    std::cout << "\n(GiB. Model states only: activations, communication buffers and the program "
+                 "itself come on top. Stage 3 adds the largest unit gathered whole; offload adds "
+                 "the swap pipeline's buffers, 3 sub-groups at most, and with the parameters on "
+                 "nvme the unit shards read ahead, offload_param.buffer_count + 2 at most.)\n";
+  } else {
+    // A model on GPUs: "cpu" offload moves bytes into host memory, a tier of its own.
+    const auto gpu = static_cast<int64_t>(gpu_gb * double(int64_t{1} << 30));
+    std::cout << fmt::format("each rank on a GPU of {} GiB\n\n", gpu_gb);
+    std::cout << "| setting | params | grads | fp32 master | optimizer | largest unit | swap and "
+                 "copy buffers | per GPU | host memory per rank | per host | disk per rank | "
+                 "fits the GPU | fits host memory |\n"
+                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    for (const engine::Estimate& e : engine::estimate_all(in, config)) {
+      const int64_t host = e.host() * per_host;
+      std::cout << fmt::format(
+          "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", e.describe(),
+          gib(e.params), gib(e.grads), gib(e.master), gib(e.optimizer_state), gib(e.live_unit),
+          gib(e.swap_buffers), gib(e.gpu()), gib(e.host()), gib(host), gib(e.disk + e.param_disk),
+          e.gpu() <= gpu ? "yes" : "no", host <= avail ? "yes" : "no");
+    }
+    std::cout << "\n(GiB. Model states only: activations, communication buffers and the program "
+                 "itself come on top, on the GPU. With the optimizer on cpu its fp32 weights, "
+                 "states, the gradients' host buffer and the sub-groups going up are in host "
+                 "memory; with the parameters on cpu every unit shard is, and "
+                 "offload_param.buffer_count of them are on the GPU in transit.)\n";
   }
-  std::cout << "\n(GiB. Model states only: activations, communication buffers and the program "
-               "itself come on top. Stage 3 adds the largest unit gathered whole; offload adds "
-               "the swap pipeline's buffers, 3 sub-groups at most, and with the parameters on "
-               "nvme the unit shards read ahead, offload_param.buffer_count + 2 at most.)\n";
   if (net.gbit > 0) {
     DSCPP_CHECK(num_procs % num_nodes == 0, ConfigError, "--num_procs ", num_procs,
                 " is not a multiple of --num_nodes ", num_nodes,

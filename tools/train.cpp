@@ -17,6 +17,7 @@
 #include <optional>
 
 #include "dscpp/data.h"
+#include "dscpp/device_link.h"
 #include "dscpp/engine.h"
 #include "dscpp/error.h"
 #include "dscpp/models/gpt.h"
@@ -131,6 +132,12 @@ at::Device choose_device(const std::string& name) {
     device = at::Device(at::kCUDA,
                         static_cast<c10::DeviceIndex>(detect_process_env().local_rank % gpus));
   }
+  // DSCPP_GPU_MEMORY_LIMIT: a smaller GPU emulated (the pre-flight check's budget, and the
+  // caching allocator's cap).
+  if (device.is_cuda()) {
+    if (const char* limit = std::getenv("DSCPP_GPU_MEMORY_LIMIT"); limit && *limit)
+      offload::cap_gpu_memory(device, engine::available_gpu_memory(-1));
+  }
   return device;
 }
 
@@ -169,12 +176,14 @@ models::GPT build_model(const TrainArgs& a, const models::GPTConfig& gc, const C
                         const std::shared_ptr<comm::Communicator>& comm, const at::Device& device) {
   // The pre-flight check (NOTE [pre-flight] in src/engine/estimate.h) before the model exists:
   // a GPT too large for this config fails here in a second, not after minutes of building it.
-  if (device.is_cpu()) {
+  {
     engine::EstimateInput in;
     in.params = gc.num_parameters();
     in.largest_unit = gc.block_parameters();  // stage 3's unit
     in.world = comm->world_size();
-    engine::check_fits(in, config, /*held=*/0, std::max(1, detect_process_env().local_world_size));
+    in.on_gpu = !device.is_cpu();
+    engine::check_fits(in, config, /*held=*/0, std::max(1, detect_process_env().local_world_size),
+                       offload::gpu_free_memory(device));
   }
   // At ZeRO stage 3 the GPT is built already sharded (zero::Init): each block is sharded as soon
   // as it exists, so no rank ever holds the whole model.

@@ -55,4 +55,12 @@ bool cuda_link_available();
 // dscpp::Error naming the reason when this build has no CUDA or the device is not a GPU.
 std::unique_ptr<DeviceLink> make_device_link(const at::Device& device);
 
+// Bytes free on CUDA device `device` as the driver reports them, less what the caching
+// allocator's per-process memory fraction keeps from this process; -1 when unknown (no CUDA).
+int64_t gpu_free_memory(const at::Device& device);
+// Caps the caching allocator of CUDA device `device` at `bytes` (torch's
+// set_per_process_memory_fraction): `dscpp train` under DSCPP_GPU_MEMORY_LIMIT emulates a
+// smaller GPU with it. Throws dscpp::Error without CUDA.
+void cap_gpu_memory(const at::Device& device, int64_t bytes);
+
 }  // namespace dscpp::offload

@@ -19,20 +19,22 @@
 namespace dscpp::engine {
 
 std::string Estimate::describe() const {
-  const bool o = offload_optimizer == "nvme", p = offload_param == "nvme";
-  return fmt::format("stage {}{}", stage,
-                     o && p ? ", optimizer and parameters on nvme"
-                     : o    ? ", optimizer on nvme"
-                     : p    ? ", parameters on nvme"
-                            : "");
+  const std::string& o = offload_optimizer;
+  const std::string& p = offload_param;
+  if (o != "none" && o == p) return fmt::format("stage {}, optimizer and parameters on {}", stage, o);
+  return fmt::format("stage {}{}{}", stage, o != "none" ? ", optimizer on " + o : "",
+                     p != "none" ? ", parameters on " + p : "");
 }
 
 Estimate estimate(const EstimateInput& in, const Config& c, int stage,
                   const std::string& offload_optimizer, const std::string& offload_param) {
   Estimate e;
   e.stage = stage;
-  e.offload_optimizer = stage > 0 ? offload_optimizer : "none";
-  e.offload_param = stage == 3 ? offload_param : "none";
+  e.on_gpu = in.on_gpu;
+  // "cpu" offload of a model on the CPU moves nothing: as without.
+  auto effective = [&](const std::string& d) { return d == "cpu" && !in.on_gpu ? "none" : d; };
+  e.offload_optimizer = stage > 0 ? effective(offload_optimizer) : "none";
+  e.offload_param = stage == 3 ? effective(offload_param) : "none";
   const bool mixed = c.bf16.enabled || c.fp16.enabled;
   const int64_t b = mixed ? 2 : 4;  // bytes per element in the training dtype
   const int64_t psi = in.params;
@@ -45,36 +47,58 @@ Estimate estimate(const EstimateInput& in, const Config& c, int stage,
           : static_cast<int64_t>(optim::make_optimizer(c.optimizer, 1, at::kFloat)->state().size());
   e.params = (stage == 3 ? part : psi) * b;
   e.grads = (stage >= 2 ? part : psi) * b;
+  const auto& op = c.zero_optimization.offload_param;
+  const int64_t shard = (in.largest_unit + in.world - 1) / in.world;
+  // A GPU model's shards off the device go up for their gathers, buffer_count at most ahead
+  // (NOTE [shards off the device]).
+  auto in_transit = [&](int64_t units) {
+    return in.on_gpu ? std::min(units, std::max<int64_t>(1, op.buffer_count)) * shard * b : 0;
+  };
   if (e.offload_param == "nvme") {
     // NOTE [stage 3 parameter offload]: the shards past max_in_cpu on disk, one aligned run per
     // unit; the pool holds the shards read ahead (buffer_count), the one being written and the
     // gathers' own, about buffer_count + 2 unit shards.
-    const auto& op = c.zero_optimization.offload_param;
     const int64_t kept = std::min(part, op.max_in_cpu);
-    const int64_t shard = (in.largest_unit + in.world - 1) / in.world;
     e.params = kept * b;
     e.param_disk = (part - kept) * b;
     if (shard > 0) {
       const int64_t units = (part - kept + shard - 1) / shard;
       e.param_disk = units * static_cast<int64_t>(io::align_up(shard * b));
-      e.swap_buffers +=
+      const int64_t pool =
           std::min(units, op.buffer_count + 2) * static_cast<int64_t>(io::align_up(shard * b));
+      e.swap_buffers += pool + in_transit(units);
+      if (in.on_gpu) e.host_part += pool;
     }
+  } else if (e.offload_param == "cpu") {
+    e.host_part += e.params;  // every shard in host memory
+    if (shard > 0) e.swap_buffers += in_transit((part + shard - 1) / shard);
   }
+  const int64_t sub = std::min<int64_t>(c.zero_optimization.sub_group_size, part);
+  const int64_t groups = sub > 0 ? (part + sub - 1) / sub : 0;
+  const auto& oo = c.zero_optimization.offload_optimizer;
   if (e.offload_optimizer == "nvme") {
     // The fp32 weights are swapped with the states under mixed precision or with the
     // parameters on disk.
     const int64_t T = states + (mixed || e.offload_param == "nvme" ? 1 : 0);
-    const int64_t sub = std::min<int64_t>(c.zero_optimization.sub_group_size, part);
-    const int64_t groups = sub > 0 ? (part + sub - 1) / sub : 0;
-    const auto& oo = c.zero_optimization.offload_optimizer;
     const int64_t wanted = 1 + (oo.pipeline_read ? 1 : 0) + (oo.pipeline_write ? 1 : 0);
     const int64_t slots =
         std::min<int64_t>({std::max<int64_t>(oo.buffer_count, 1), wanted, groups});
-    e.swap_buffers += slots * T * static_cast<int64_t>(io::align_up(4 * sub));
+    const int64_t buffers = slots * T * static_cast<int64_t>(io::align_up(4 * sub));
+    e.swap_buffers += buffers;
+    if (in.on_gpu) e.host_part += buffers;
     for (int64_t g = 0; g < groups; ++g) {
       e.disk += T * static_cast<int64_t>(io::align_up(4 * std::min(sub, part - g * sub)));
     }
+  } else if (e.offload_optimizer == "cpu") {
+    // NOTE [host step]: the fp32 values (fp32 too) and the states in host memory, with the
+    // gradients' host buffer and, under mixed precision, buffer_count sub-groups going up.
+    e.master = part * 4;
+    e.optimizer_state = states * part * 4;
+    const int64_t buffers =
+        part * b + (mixed ? std::min<int64_t>(std::max<int64_t>(2, oo.buffer_count), groups) * sub * b
+                          : 0);
+    e.swap_buffers += buffers;
+    e.host_part += e.master + e.optimizer_state + buffers;
   } else {
     e.master = mixed ? part * 4 : 0;
     e.optimizer_state = states * part * 4;
@@ -84,19 +108,23 @@ Estimate estimate(const EstimateInput& in, const Config& c, int stage,
 }
 
 Estimate estimate(const EstimateInput& in, const Config& c) {
-  // cpu offload of a CPU model moves nothing: as without.
   const auto& z = c.zero_optimization;
-  return estimate(in, c, z.stage, z.offload_optimizer.device == "nvme" ? "nvme" : "none",
-                  z.offload_param.device == "nvme" ? "nvme" : "none");
+  return estimate(in, c, z.stage, z.offload_optimizer.device, z.offload_param.device);
 }
 
 std::vector<Estimate> estimate_all(const EstimateInput& in, const Config& c) {
   std::vector<Estimate> out;
   for (int stage = 0; stage <= 3; ++stage) {
     out.push_back(estimate(in, c, stage, "none"));
-    if (stage > 0) out.push_back(estimate(in, c, stage, "nvme"));
+    if (stage > 0 && in.on_gpu) out.push_back(estimate(in, c, stage, "cpu"));
+    if (stage > 0 && !in.on_gpu) out.push_back(estimate(in, c, stage, "nvme"));
   }
-  out.push_back(estimate(in, c, 3, "nvme", "nvme"));
+  if (in.on_gpu) {
+    out.push_back(estimate(in, c, 3, "cpu", "cpu"));
+    out.push_back(estimate(in, c, 3, "cpu", "nvme"));
+  } else {
+    out.push_back(estimate(in, c, 3, "nvme", "nvme"));
+  }
   return out;
 }
 
@@ -122,7 +150,7 @@ int64_t cgroup_value(const std::string& file) {
   return std::strtoll(v.c_str(), nullptr, 10);
 }
 
-int64_t parse_bytes(const std::string& text) {
+int64_t parse_bytes(const std::string& text, const char* variable = "DSCPP_MEMORY_LIMIT") {
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);
   int shift = 0;
@@ -146,7 +174,7 @@ int64_t parse_bytes(const std::string& text) {
   }
   DSCPP_CHECK(v > 0 && shift >= 0 &&
                   (!*end || !end[1] || std::toupper(end[1]) == 'B' || std::toupper(end[1]) == 'I'),
-              ConfigError, "DSCPP_MEMORY_LIMIT='", text,
+              ConfigError, variable, "='", text,
               "' is not a number of bytes. HINT: for example 3G, 512M or 3221225472");
   return static_cast<int64_t>(v * static_cast<double>(int64_t{1} << shift));
 }
@@ -168,7 +196,17 @@ int64_t available_memory(std::string* source) {
   return avail;
 }
 
-void check_fits(const EstimateInput& in, const Config& config, int64_t held, int local) {
+int64_t available_gpu_memory(int64_t free, std::string* source) {
+  if (const char* env = std::getenv("DSCPP_GPU_MEMORY_LIMIT"); env && *env) {
+    if (source) *source = std::string("DSCPP_GPU_MEMORY_LIMIT=") + env;
+    return parse_bytes(env, "DSCPP_GPU_MEMORY_LIMIT");
+  }
+  if (source) *source = "free on the device";
+  return free;
+}
+
+void check_fits(const EstimateInput& in, const Config& config, int64_t held, int local,
+                int64_t gpu_available) {
   if (const char* skip = std::getenv("DSCPP_SKIP_MEMORY_CHECK"); skip && std::string(skip) == "1") {
     static std::once_flag said;
     std::call_once(said, [] {
@@ -177,43 +215,67 @@ void check_fits(const EstimateInput& in, const Config& config, int64_t held, int
     return;
   }
   const Estimate e = estimate(in, config);
-  std::string source;
+  std::string source, gpu_source;
   const int64_t avail = available_memory(&source);
-  const int64_t needed = std::max<int64_t>(0, e.memory() - held) * local;
-  if (avail >= 0 && needed > avail) {
+  const int64_t gpu_avail = in.on_gpu ? available_gpu_memory(gpu_available, &gpu_source) : -1;
+  // What the model's parameters hold already is on the GPU for a GPU model, in host memory
+  // otherwise. The GPU's part is per rank (a GPU each), host memory is shared by `local` ranks.
+  auto host_need = [&](const Estimate& o) {
+    return std::max<int64_t>(0, o.host() - (in.on_gpu ? 0 : held)) * local;
+  };
+  auto gpu_need = [&](const Estimate& o) { return std::max<int64_t>(0, o.gpu() - held); };
+  auto fit = [&](const Estimate& o) {
+    return (avail < 0 || host_need(o) <= avail) && (gpu_avail < 0 || gpu_need(o) <= gpu_avail);
+  };
+  if (!fit(e)) {
     std::string fits;
-    auto fit = [&](const Estimate& o) {
-      return std::max<int64_t>(0, o.memory() - held) * local <= avail;
-    };
     // Offload with the config's sub-groups, or else with small pipelined ones (the default
     // sub_group_size makes one buffer as large as the state it replaces).
     Config small = config;
     small.zero_optimization.sub_group_size = 10000000;
     small.zero_optimization.offload_optimizer.pipeline_read = true;
     small.zero_optimization.offload_optimizer.pipeline_write = true;
+    auto per_rank = [&](const Estimate& o) {
+      return in.on_gpu ? fmt::format("{} per GPU, {} host memory per rank", format_bytes(o.gpu()),
+                                     format_bytes(o.host()))
+                       : format_bytes(o.memory()) + " per rank";
+    };
     for (const Estimate& o : estimate_all(in, config)) {
       if (fit(o)) {
-        fits += fmt::format("\n  {}: {} per rank", o.describe(), format_bytes(o.memory()));
-      } else if (o.offload_optimizer == "nvme") {
-        const Estimate s = estimate(in, small, o.stage, "nvme", o.offload_param);
-        if (fit(s)) {
+        fits += fmt::format("\n  {}: {}", o.describe(), per_rank(o));
+      } else if (o.offload_optimizer != "none") {
+        const Estimate sm = estimate(in, small, o.stage, o.offload_optimizer, o.offload_param);
+        if (fit(sm)) {
           fits += fmt::format(
-              "\n  {} with sub_group_size 10000000, pipeline_read and pipeline_write: {} per rank",
-              s.describe(), format_bytes(s.memory()));
+              "\n  {} with sub_group_size 10000000{}: {}", sm.describe(),
+              o.offload_optimizer == "nvme" ? ", pipeline_read and pipeline_write" : "",
+              per_rank(sm));
         }
       }
     }
+    const bool gpu_short = gpu_avail >= 0 && gpu_need(e) > gpu_avail;
+    const std::string where =
+        gpu_short ? fmt::format("{} on the GPU{}, but {} is available there ({})",
+                                format_bytes(gpu_need(e)),
+                                held ? " beyond what the model holds already" : "",
+                                format_bytes(gpu_avail), gpu_source)
+                  : fmt::format("{} of host memory with {} rank(s) on this host{}, but {} is "
+                                "available ({})",
+                                format_bytes(host_need(e)), local,
+                                !in.on_gpu && held ? " beyond what the model holds already" : "",
+                                format_bytes(avail), source);
     DSCPP_FAIL(
         ConfigError, "the model states of ", in.params, " trainable parameters at ", e.describe(),
         " need ", format_bytes(e.memory()), " per rank (parameters ", format_bytes(e.params),
         ", gradients ", format_bytes(e.grads), ", fp32 master weights ", format_bytes(e.master),
         ", optimizer state ", format_bytes(e.optimizer_state),
-        e.swap_buffers ? ", swap buffers " + format_bytes(e.swap_buffers) : "",
-        e.live_unit ? ", largest unit " + format_bytes(e.live_unit) : "", "); with ", local,
-        " rank(s) on this host that is ", format_bytes(needed),
-        held ? " beyond what the model holds already" : "", ", but ", format_bytes(avail),
-        " is available (", source,
-        "). Settings that fit:", fits.empty() ? std::string("\n  none on this many ranks") : fits,
+        e.swap_buffers ? ", swap and copy buffers " + format_bytes(e.swap_buffers) : "",
+        e.live_unit ? ", largest unit " + format_bytes(e.live_unit) : "", ")",
+        in.on_gpu ? fmt::format(", {} of it on the GPU and {} in host memory",
+                                format_bytes(e.gpu()), format_bytes(e.host()))
+                  : "",
+        "; that is ", where, ". Settings that fit:",
+        fits.empty() ? std::string("\n  none on this many ranks") : fits,
         "\nHINT: choose one of those (docs/offload.md), add ranks or hosts, or set "
         "DSCPP_SKIP_MEMORY_CHECK=1 to start anyway (dscpp estimate prints the table)");
   }

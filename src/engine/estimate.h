@@ -18,34 +18,44 @@ struct EstimateInput {
   int64_t params = 0;        // trainable elements (Psi)
   int64_t largest_unit = 0;  // stage 3: elements of the largest unit (0: unknown)
   int world = 1;
+  // The model is on a GPU: host memory is a tier of its own ("cpu" offload moves bytes there).
+  bool on_gpu = false;
 };
 
 // Bytes per rank.
 struct Estimate {
   int stage = 0;
-  std::string offload_optimizer = "none";  // "none" or "nvme"
-  std::string offload_param = "none";      // "none" or "nvme" (stage 3)
+  bool on_gpu = false;
+  std::string offload_optimizer = "none";  // "none", "cpu" (a GPU model) or "nvme"
+  std::string offload_param = "none";      // likewise (stage 3)
   int64_t params = 0, grads = 0, master = 0, optimizer_state = 0;
   int64_t live_unit = 0;     // stage 3: the largest unit gathered whole
-  int64_t swap_buffers = 0;  // offload: the swap pipelines' buffers
+  int64_t swap_buffers = 0;  // offload: the swap pipelines' and the copies' buffers
   int64_t disk = 0;          // offload_optimizer: its swap file
   int64_t param_disk = 0;    // offload_param: its swap file
+  // Of memory(), the bytes in host memory while the model is on a GPU (what "cpu" offload moved
+  // there, and the swap files' buffers).
+  int64_t host_part = 0;
   int64_t model_states() const { return params + grads + master + optimizer_state; }
   int64_t memory() const { return model_states() + live_unit + swap_buffers; }
-  // "stage 2, optimizer on nvme", "stage 3, optimizer and parameters on nvme"
+  // Where memory() lies: on the GPU (0 for a model on the CPU) and in host memory.
+  int64_t gpu() const { return on_gpu ? memory() - host_part : 0; }
+  int64_t host() const { return on_gpu ? host_part : memory(); }
+  // "stage 2, optimizer on nvme", "stage 3, optimizer and parameters on cpu"
   std::string describe() const;
 };
 
-// The estimate at `stage` with `offload_optimizer` and `offload_param` ("none" or "nvme"; at
-// stage 0 no offload, parameters at stage 3 only), everything else as `config` says (dtype,
-// optimizer, sub_group_size, buffer counts, pipeline, max_in_cpu). Parameter offload's buffers
-// need in.largest_unit.
+// The estimate at `stage` with `offload_optimizer` and `offload_param` ("none", "nvme", or
+// "cpu", which moves something only for a model on a GPU; at stage 0 no offload, parameters at
+// stage 3 only), everything else as `config` says (dtype, optimizer, sub_group_size, buffer
+// counts, pipeline, max_in_cpu). Parameter offload's buffers need in.largest_unit.
 Estimate estimate(const EstimateInput& in, const Config& config, int stage,
                   const std::string& offload_optimizer, const std::string& offload_param = "none");
 // The estimate of what `config` itself asks for.
 Estimate estimate(const EstimateInput& in, const Config& config);
 // Every stage, without offload and (stages 1-3) with the optimizer on nvme, and at stage 3 with
-// the parameters on nvme too.
+// the parameters on nvme too; for a model on a GPU also the optimizer on cpu (stages 1-3) and at
+// stage 3 the optimizer and the parameters on cpu.
 std::vector<Estimate> estimate_all(const EstimateInput& in, const Config& config);
 
 // Bytes of memory this process may still take: MemAvailable, lowered to what the cgroup's
@@ -53,13 +63,20 @@ std::vector<Estimate> estimate_all(const EstimateInput& in, const Config& config
 // suffix: emulates a smaller machine). `source` says which.
 int64_t available_memory(std::string* source = nullptr);
 
+// The memory a GPU model's rank may take on its device: DSCPP_GPU_MEMORY_LIMIT when set (bytes,
+// or with a K/M/G/T suffix: a smaller GPU emulated; `dscpp train` also caps its caching
+// allocator there), else `free` (what the device reports free; -1: unknown, no check).
+int64_t available_gpu_memory(int64_t free, std::string* source = nullptr);
+
 // NOTE [pre-flight]: throws ConfigError when the model states `config` asks for do not fit
-// before anything is allocated: the estimate less `held` bytes (what the model's parameters hold
-// already, which the engine reuses), times `local` ranks on this host (assumed alike), against
-// available_memory(); and the swap files against the free space of nvme_path. The message names
-// the bytes and lists the settings that would fit. DSCPP_SKIP_MEMORY_CHECK=1 turns it off (a
-// warning says so).
-void check_fits(const EstimateInput& in, const Config& config, int64_t held, int local);
+// before anything is allocated: the estimate's host part less `held` bytes (what the model's
+// parameters hold already in host memory, which the engine reuses), times `local` ranks on this
+// host (assumed alike), against available_memory(); for a model on a GPU its device part less
+// `held` against `gpu_available` (-1: unknown, unchecked); and the swap files against the free
+// space of nvme_path. The message names the bytes and lists the settings that would fit.
+// DSCPP_SKIP_MEMORY_CHECK=1 turns it off (a warning says so).
+void check_fits(const EstimateInput& in, const Config& config, int64_t held, int local,
+                int64_t gpu_available = -1);
 
 // "1.50 GiB", or "12.7 MiB" below 1 GiB
 std::string format_bytes(int64_t bytes);

@@ -218,20 +218,23 @@ void EngineImpl::choose_precision() {
 
 void EngineImpl::check_memory_fits() {
   // NOTE [pre-flight]: before anything is allocated, the model states this config asks for
-  // against the memory this host has left (check_fits, estimate.h). CPU models only (a GPU's
-  // memory is the device's business).
+  // against the memory this host has left (check_fits, estimate.h), and for a model on a GPU
+  // (or the tests' stand-in for one) their GPU part against what the GPU has free.
   zero::NamedParams np = zero::trainable_parameters(*model_);
-  if (np.params.empty() || !np.params[0].device().is_cpu()) return;
+  if (np.params.empty()) return;
+  const at::Device device = np.params[0].device();
   EstimateInput in;
   in.world = comm_->world_size();
+  in.on_gpu = !device.is_cpu() || device_link_ != nullptr;
   int64_t held = 0;  // what the model's trainable parameters hold already (the engine reuses it)
   for (const auto& p : np.params) {
     in.params += p.numel();
     if (!zero::is_presharded(p)) held += p.numel() * static_cast<int64_t>(p.element_size());
   }
   const int local = std::max(1, detect_process_env().local_world_size);
+  const int64_t gpu_free = offload::gpu_free_memory(device);
   on_every_rank(
-      "the pre-flight memory check", [&] { check_fits(in, config_, held, local); },
+      "the pre-flight memory check", [&] { check_fits(in, config_, held, local, gpu_free); },
       /*checkpoint_error=*/false);
 }
 
@@ -308,6 +311,14 @@ void EngineImpl::check_offload_devices() {
     own_device_link_ = offload::make_device_link(device_);
     device_link_ = own_device_link_.get();
   }
+  // The optimizer's swap file steps on host buffers: for a model on a device the gradients would
+  // have to come down and the parameters go up as in host memory; not built yet.
+  DSCPP_CHECK(!(stage > 0 && oo.device == "nvme" && (!device_.is_cpu() || device_link_)),
+              ConfigError, "zero_optimization.offload_optimizer.device \"nvme\" with a model on ",
+              device_link_ ? device_link_->describe() : device_.str(),
+              " is not implemented yet: the optimizer's swap file works for a model on the CPU. "
+              "HINT: use offload_optimizer.device \"cpu\" (the state in host memory; "
+              "offload_param may still be \"nvme\")");
   if (optimizer_to_host && comm_->rank() == 0) {
     if (device_link_) {
       DSCPP_LOG_INFO(

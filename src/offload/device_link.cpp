@@ -14,6 +14,8 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "dscpp/error.h"
 
 #if defined(DSCPP_HAVE_NCCL)
@@ -115,9 +117,44 @@ std::unique_ptr<DeviceLink> make_device_link(const at::Device& device) {
   return std::make_unique<CudaLink>(device);
 }
 
+namespace {
+// The capped share of the device's memory (1: none), as cap_gpu_memory set it.
+double& memory_fraction() {
+  static double fraction = 1.0;
+  return fraction;
+}
+}  // namespace
+
+int64_t gpu_free_memory(const at::Device& device) {
+  if (!device.is_cuda()) return -1;
+  c10::cuda::CUDAGuard guard(device);
+  size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) return -1;
+  // Under a per-process fraction the allocator stops at fraction x total.
+  const auto capped = static_cast<int64_t>(memory_fraction() * static_cast<double>(total));
+  return std::min<int64_t>(static_cast<int64_t>(free), capped);
+}
+
+void cap_gpu_memory(const at::Device& device, int64_t bytes) {
+  DSCPP_CHECK(device.is_cuda(), Error, "internal: no GPU memory to cap on ", device);
+  c10::cuda::CUDAGuard guard(device);
+  size_t free = 0, total = 0;
+  C10_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  const double fraction = std::min(1.0, static_cast<double>(bytes) / static_cast<double>(total));
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, device.index());
+  memory_fraction() = fraction;
+}
+
 #else
 
 bool cuda_link_available() { return false; }
+
+int64_t gpu_free_memory(const at::Device&) { return -1; }
+
+void cap_gpu_memory(const at::Device& device, int64_t) {
+  DSCPP_FAIL(Error, "DSCPP_GPU_MEMORY_LIMIT on ", device,
+             ": this dscpp was built without CUDA. HINT: unset it, or rebuild with -DDSCPP_CUDA=ON");
+}
 
 std::unique_ptr<DeviceLink> make_device_link(const at::Device& device) {
   DSCPP_FAIL(Error, "offload to CPU memory of a model on ", device,

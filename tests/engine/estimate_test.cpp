@@ -18,6 +18,7 @@
 #include "engine/step_time.h"
 #include "engine/test_net.h"
 #include "support/errors.h"
+#include "support/stand_in_link.h"
 #include "support/temp_dir.h"
 #include "support/thread_ranks.h"
 
@@ -97,6 +98,104 @@ TEST(Estimate, MatchesTheEngineAtTwoSizesEveryStageDtypeAndOffload) {
       }
     }
   }
+}
+
+// A model on a GPU (the tests' stand-in for one): with offload to "cpu" the estimate's host part
+// is what the engine keeps in host memory (MemoryStats::host), within 10%, and its parts as the
+// engine counts them; stages 1-3 with the optimizer in host memory, stage 3 with the parameter
+// shards too.
+TEST(Estimate, HostTierMatchesTheEngineThroughTheStandIn) {
+  const auto g = gpt(4, 128);
+  for (const char* dtype : {"fp32", "bf16"}) {
+    for (int stage : {1, 2, 3, 4}) {  // 4: stage 3 with the parameters in host memory too
+      const bool params = stage == 4;
+      const std::string cfg =
+          std::string(
+              "{\"train_batch_size\": 4, \"optimizer\": {\"type\": \"AdamW\", "
+              "\"params\": {\"lr\": 0.001}}") +
+          (std::string(dtype) == "bf16" ? ", \"bf16\": {\"enabled\": true}" : "") +
+          ", \"zero_optimization\": {\"stage\": " + std::to_string(params ? 3 : stage) +
+          ", \"stage3_param_persistence_threshold\": 0, \"sub_group_size\": 5000, "
+          "\"offload_optimizer\": {\"device\": \"cpu\"}" +
+          (params ? ", \"offload_param\": {\"device\": \"cpu\"}" : "") + "}}";
+      const std::string what = std::string(dtype) + (params ? " stage 3, both" : " stage ") +
+                               (params ? "" : std::to_string(stage));
+      std::vector<std::unique_ptr<testing::StandInLink>> links;
+      for (int r = 0; r < 2; ++r) links.push_back(std::make_unique<testing::StandInLink>());
+      auto errors = run_thread_ranks(2, [&](Communicator& c) {
+        auto model = std::make_shared<models::GPTImpl>(g, 1);
+        InitOptions o = enginetest::borrowed(c);
+        o.device_link = links[c.rank()].get();
+        auto engine = initialize(model, cfg, o);
+        const MemoryStats m = engine->memory_stats();
+        EstimateInput in;
+        in.params = g.num_parameters();
+        in.largest_unit = g.block_parameters();
+        in.world = 2;
+        in.on_gpu = true;
+        const Estimate e = estimate(in, Config::parse(cfg));
+        if (c.rank() != 0) return;
+        EXPECT_EQ(e.offload_optimizer, "cpu") << what;
+        expect_within(m.host, e.host(), what + " host");
+        expect_within(m.master, e.master, what + " master");
+        expect_within(m.optimizer_state, e.optimizer_state, what + " optimizer");
+        expect_within(m.grads, e.grads, what + " grads");
+        // The shards in transit to the GPU come with training, not at start-up.
+        if (!params) expect_within(m.offload_buffers, e.swap_buffers, what + " buffers");
+        // What stays on the GPU: the parameters (with both, only the shards in transit, which
+        // come with training) and the gradients.
+        if (!params) expect_within(m.params + m.grads, e.gpu() - e.live_unit, what + " GPU");
+      });
+      for (auto& err : errors) EXPECT_FALSE(err) << what << ": " << error_text(err);
+    }
+  }
+}
+
+// A model on a GPU (the stand-in): DSCPP_GPU_MEMORY_LIMIT below what stage 0 needs on the GPU is
+// refused naming the GPU and listing settings that fit, "cpu" offload among them; with the
+// optimizer in host memory it starts; and a host part larger than DSCPP_MEMORY_LIMIT is refused
+// naming host memory.
+TEST(Estimate, PreflightHoldsAGpuModelAgainstTheGpuAndHostMemory) {
+  const auto g = gpt(4, 128);  // 0.87M parameters: 12.7 MiB of fp32 AdamW model states
+  auto start = [&](const std::string& zero) {
+    std::vector<std::string> out(2);
+    std::vector<std::unique_ptr<testing::StandInLink>> links;
+    for (int r = 0; r < 2; ++r) links.push_back(std::make_unique<testing::StandInLink>());
+    auto errors = run_thread_ranks(2, [&](Communicator& c) {
+      try {  // "" when it starts
+        auto model = std::make_shared<models::GPTImpl>(g, 1);
+        InitOptions o = enginetest::borrowed(c);
+        o.device_link = links[c.rank()].get();
+        initialize(model,
+                   "{\"train_batch_size\": 4, \"optimizer\": {\"type\": \"AdamW\", \"params\": "
+                   "{\"lr\": 0.001}}, \"zero_optimization\": " +
+                       zero + "}",
+                   o);
+      } catch (const ConfigError& e) {
+        out[c.rank()] = e.what();
+      }
+    });
+    for (auto& e : errors) EXPECT_FALSE(e) << error_text(e);
+    return out;
+  };
+  setenv("DSCPP_GPU_MEMORY_LIMIT", "8M", 1);
+  for (const auto& msg : start("{\"stage\": 0}")) {
+    EXPECT_NE(msg.find("on the GPU beyond what the model holds already, but 8.0 MiB is available "
+                       "there (DSCPP_GPU_MEMORY_LIMIT=8M)"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("stage 2, optimizer on cpu: "), std::string::npos) << msg;
+    EXPECT_NE(msg.find("stage 3, optimizer and parameters on cpu: "), std::string::npos) << msg;
+  }
+  const std::string cpu = "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}}";
+  for (const auto& msg : start(cpu)) EXPECT_TRUE(msg.empty()) << msg;
+  setenv("DSCPP_MEMORY_LIMIT", "2M", 1);
+  for (const auto& msg : start(cpu)) {
+    EXPECT_NE(msg.find("of host memory with"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("(DSCPP_MEMORY_LIMIT=2M)"), std::string::npos) << msg;
+  }
+  unsetenv("DSCPP_MEMORY_LIMIT");
+  unsetenv("DSCPP_GPU_MEMORY_LIMIT");
 }
 
 // With DSCPP_MEMORY_LIMIT below what stage 0 needs, initialize() refuses on every rank before

@@ -242,7 +242,8 @@ TEST(HostOffload, AFailingCopyStopsEveryRankWithTheCause) {
 
 // A link for another device than the model's is refused before anything is built; so is
 // offload_param cpu in fp32 with the optimizer's fp32 weights on the device (the optimizer would
-// update parameters that are in host memory).
+// update parameters that are in host memory), and the optimizer's swap file for a model on a
+// device (not built yet).
 TEST(HostOffload, MismatchesAreRefusedAtStartUp) {
   struct OtherLink final : public offload::DeviceLink {
     at::Device device() const override { return at::Device(at::kCUDA, 0); }
@@ -274,6 +275,12 @@ TEST(HostOffload, MismatchesAreRefusedAtStartUp) {
   EXPECT_NE(e2.find("offload_param.device \"cpu\" in fp32 needs offload_optimizer.device \"cpu\""),
             std::string::npos)
       << e2;
+  const std::string e3 =
+      error_for(&stand_in, zero_cfg(2, "{\"device\": \"nvme\", \"nvme_path\": \"/tmp\"}"));
+  EXPECT_NE(e3.find("offload_optimizer.device \"nvme\" with a model on the tests' stand-in for "
+                    "a GPU is not implemented yet"),
+            std::string::npos)
+      << e3;
 }
 
 }  // namespace
