@@ -562,10 +562,11 @@ void EngineImpl::log_step() {
     if (!store_report_.empty()) line += "; " + store_report_;
     if (fetch_.disk_reads > 0 || fetch_.disk_bytes_written > 0) {
       line += fmt::format(
-          "; parameters on disk: read {} shards ({} ahead of their request, {:.1f} MiB), wrote "
-          "{:.1f} MiB, waited for the disk {:.1f} ms",
-          fetch_.disk_reads, fetch_.disk_reads_ahead, fetch_.disk_bytes_read / double(1 << 20),
-          fetch_.disk_bytes_written / double(1 << 20), fetch_.disk_wait_seconds * 1e3);
+          "; parameters {}: read {} shards ({} ahead of their request, {:.1f} MiB), wrote "
+          "{:.1f} MiB, waited for them {:.1f} ms",
+          fetch_.shards_where, fetch_.disk_reads, fetch_.disk_reads_ahead,
+          fetch_.disk_bytes_read / double(1 << 20), fetch_.disk_bytes_written / double(1 << 20),
+          fetch_.disk_wait_seconds * 1e3);
     }
     if (op_times_) {
       const auto now = Clock::now();

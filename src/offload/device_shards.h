@@ -40,6 +40,7 @@ class DeviceShards final : public zero::ShardSwap {
   int64_t buffer_bytes() const override;
   // Host memory of the shards (in host memory only).
   int64_t host_bytes() const override;
+  const char* where() const override { return disk_ ? "on disk" : "in host memory"; }
   bool read_ahead(int i) override;
   at::Tensor take(int i) override;
   void store(int i, const at::Tensor& values) override;

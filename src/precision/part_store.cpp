@@ -8,6 +8,7 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "dscpp/device_link.h"
 #include "dscpp/error.h"
@@ -342,6 +343,7 @@ class HostStore final : public PartStore {
           [&](int64_t k, const zero::Part& part, int64_t lo, int64_t n) {
             if (k != k_prev) {
               for (auto& h : down_[k]) wait(h);
+              last_down_ = Clock::now();
               if (dtype_ != at::kFloat) {
                 slot = &slots_[k % slots_.size()];
                 for (auto& h : slot->up) wait(h);
@@ -372,6 +374,7 @@ class HostStore final : public PartStore {
               part.store(lo - part.offset, w);
               return;
             }
+            if (!first_up_) first_up_ = Clock::now();
             CopyHandle h = link_->to_device(part.params.narrow(0, lo - part.offset, n), up);
             stats_.bytes_up += n * up.element_size();
             (slot ? slot->up : up_).push_back(std::move(h));
@@ -381,6 +384,10 @@ class HostStore final : public PartStore {
       drain();  // nothing may still be copying from or into a buffer
       throw;
     }
+    if (first_down_) stats_.down_span_seconds += seconds_between(*first_down_, last_down_);
+    if (first_up_) stats_.up_span_seconds += seconds_since(*first_up_);
+    first_down_.reset();
+    first_up_.reset();
     down_.clear();
     issued_.clear();
     stats_.total_seconds += seconds_since(t0);
@@ -416,6 +423,8 @@ class HostStore final : public PartStore {
     }
     down_.clear();
     issued_.clear();
+    first_down_.reset();
+    first_up_.reset();
     for (auto& s : slots_) {
       for (auto& h : s.up) wait_quietly(h);
       s.up.clear();
@@ -437,11 +446,17 @@ class HostStore final : public PartStore {
   }
   std::string take_report() override {
     const Stats s = std::exchange(stats_, Stats{});
+    // A direction's bytes over the time from its first copy issued to its last one waited for:
+    // a lower bound of the bandwidth the copies reached (the link may have idled meanwhile).
+    auto rate = [](int64_t bytes, double span) {
+      return span > 0 ? fmt::format(" ({:.2f} GB/s at least)", bytes / span / 1e9) : std::string();
+    };
     return fmt::format(
-        "offloaded optimizer {:.1f} ms: gradients down {:.1f} MiB, parameters up {:.1f} MiB, "
+        "offloaded optimizer {:.1f} ms: gradients down {:.1f} MiB{}, parameters up {:.1f} MiB{}, "
         "waited for copies {:.1f} ms, stepped {:.1f} ms",
-        s.total_seconds * 1e3, s.bytes_down / double(1 << 20), s.bytes_up / double(1 << 20),
-        s.wait_seconds * 1e3, s.step_seconds * 1e3);
+        s.total_seconds * 1e3, s.bytes_down / double(1 << 20), rate(s.bytes_down, s.down_span_seconds),
+        s.bytes_up / double(1 << 20), rate(s.bytes_up, s.up_span_seconds), s.wait_seconds * 1e3,
+        s.step_seconds * 1e3);
   }
 
  private:
@@ -457,13 +472,20 @@ class HostStore final : public PartStore {
   struct Stats {
     int64_t bytes_down = 0, bytes_up = 0;
     double total_seconds = 0, wait_seconds = 0, step_seconds = 0, issue_seconds = 0;
+    // From a step's first copy down issued (in backward) to its last one waited for, and from
+    // its first copy up issued to the last one waited for.
+    double down_span_seconds = 0, up_span_seconds = 0;
   };
+  static double seconds_between(Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  }
 
   int64_t sub_groups() const { return (values_.numel() + sub_group_size_ - 1) / sub_group_size_; }
   // Issues the copy down of the part's gradient elements [pos, pos + grads.numel()), one copy per
   // sub-group it touches, and records the range as issued.
   void issue_down(int64_t pos, const at::Tensor& grads) {
     if (down_.empty()) down_.resize(sub_groups());
+    if (!first_down_) first_down_ = Clock::now();
     const int64_t end = pos + grads.numel();
     for (int64_t lo = pos; lo < end;) {
       const int64_t k = lo / sub_group_size_;
@@ -530,6 +552,8 @@ class HostStore final : public PartStore {
   std::vector<CopyHandle> up_;                 // fp32: copies up in flight (from values_)
   std::vector<std::vector<CopyHandle>> down_;  // [sub-group] its gradient copies in flight
   std::map<int64_t, int64_t> issued_;          // ranges [begin, end) of the part gone down
+  std::optional<Clock::time_point> first_down_, first_up_;
+  Clock::time_point last_down_;
   std::mutex mu_;  // gradient pieces arrive on the reducer's threads
   Fp32Grads fp32_grads_;
   Stats stats_;

@@ -29,6 +29,8 @@ class ShardSwap : public ParamSink {
   // Host memory holding the shards themselves while the model is on a device (offload_param cpu
   // of a model on a GPU, offload/device_shards.h); 0 otherwise.
   virtual int64_t host_bytes() const { return 0; }
+  // Where the shards are, for the step line: "on disk", "in host memory".
+  virtual const char* where() const { return "on disk"; }
   // Starts bringing shard i in unless it is coming already; false when no more may be in
   // flight (nothing started).
   virtual bool read_ahead(int i) = 0;

@@ -210,6 +210,7 @@ Strategy::FetchStats Stage3::take_fetch_stats() {
   stats_ = FetchStats();
   if (param_swap_) {
     const ShardSwapStats d = param_swap_->take_stats();
+    s.shards_where = param_swap_->where();
     s.disk_reads = d.reads;
     s.disk_reads_ahead = d.reads_ahead;
     s.disk_bytes_read = d.bytes_read;

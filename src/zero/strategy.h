@@ -150,6 +150,7 @@ class Strategy {
     int64_t gathers = 0, prefetched = 0;
     int64_t disk_reads = 0, disk_reads_ahead = 0, disk_bytes_read = 0, disk_bytes_written = 0;
     double disk_wait_seconds = 0;
+    const char* shards_where = "on disk";  // or "in host memory" (a model on a GPU)
   };
   virtual FetchStats take_fetch_stats() { return {}; }
   int64_t grad_bytes() { return reducer().grad_bytes(); }
