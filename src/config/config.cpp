@@ -367,6 +367,18 @@ void parse_bf16(JsonReader& root, Bf16Config* b) {
   r.get("enabled", &b->enabled);
   r.unimplemented("immediate_grad_update");
   r.unimplemented("check_grad_overflow");
+  // DeepSpeed 0.18.3+ / 0.19.1: bf16 master weights and gradients, bf16 optimizer states (in host
+  // memory under offload_optimizer cpu). Fewer bytes per parameter than dscpp keeps: refused
+  // when asked for, accepted at false.
+  for (const char* key : {"bf16_master_weights_and_grads", "bf16_optimizer_states"}) {
+    bool on = false;
+    if (r.get(key, &on) && on) {
+      r.fail(key,
+             "true is not implemented yet: dscpp keeps the fp32 master weights and the "
+             "optimizer's states in fp32 (in host memory with offload_optimizer.device \"cpu\"). "
+             "HINT: remove it or set false");
+    }
+  }
   r.finish();
 }
 
