@@ -83,9 +83,13 @@ Estimate estimate(const EstimateInput& in, const Config& c, int stage,
     const int64_t wanted = 1 + (oo.pipeline_read ? 1 : 0) + (oo.pipeline_write ? 1 : 0);
     const int64_t slots =
         std::min<int64_t>({std::max<int64_t>(oo.buffer_count, 1), wanted, groups});
-    const int64_t buffers = slots * T * static_cast<int64_t>(io::align_up(4 * sub));
+    int64_t buffers = slots * T * static_cast<int64_t>(io::align_up(4 * sub));
+    if (in.on_gpu) {
+      // The gradients' host buffer and the sub-groups going up (NOTE [host step]).
+      buffers += part * b + std::min<int64_t>(std::max<int64_t>(2, oo.buffer_count), groups) * sub * b;
+      e.host_part += buffers;
+    }
     e.swap_buffers += buffers;
-    if (in.on_gpu) e.host_part += buffers;
     for (int64_t g = 0; g < groups; ++g) {
       e.disk += T * static_cast<int64_t>(io::align_up(4 * std::min(sub, part - g * sub)));
     }
@@ -122,6 +126,7 @@ std::vector<Estimate> estimate_all(const EstimateInput& in, const Config& c) {
   if (in.on_gpu) {
     out.push_back(estimate(in, c, 3, "cpu", "cpu"));
     out.push_back(estimate(in, c, 3, "cpu", "nvme"));
+    out.push_back(estimate(in, c, 3, "nvme", "nvme"));
   } else {
     out.push_back(estimate(in, c, 3, "nvme", "nvme"));
   }

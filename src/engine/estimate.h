@@ -54,8 +54,8 @@ Estimate estimate(const EstimateInput& in, const Config& config, int stage,
 // The estimate of what `config` itself asks for.
 Estimate estimate(const EstimateInput& in, const Config& config);
 // Every stage, without offload and (stages 1-3) with the optimizer on nvme, and at stage 3 with
-// the parameters on nvme too; for a model on a GPU also the optimizer on cpu (stages 1-3) and at
-// stage 3 the optimizer and the parameters on cpu.
+// the parameters on nvme too; for a model on a GPU instead the optimizer on cpu (stages 1-3) and
+// at stage 3 the optimizer on cpu with the parameters on cpu or nvme, and both on nvme.
 std::vector<Estimate> estimate_all(const EstimateInput& in, const Config& config);
 
 // Bytes of memory this process may still take: MemAvailable, lowered to what the cgroup's

@@ -301,7 +301,7 @@ void EngineImpl::check_offload_devices() {
                 "InitOptions::device_link copies to and from ", device_link_->device(),
                 " but the model is on ", device_,
                 ". HINT: pass a link for the model's device, or none (dscpp makes one)");
-  } else if ((optimizer_to_host || params_off_device) && !device_.is_cpu()) {
+  } else if (((stage > 0 && oo.device != "none") || params_off_device) && !device_.is_cpu()) {
     DSCPP_CHECK(device_.is_cuda() && offload::cuda_link_available(), ConfigError,
                 "zero_optimization.", optimizer_to_host ? "offload_optimizer" : "offload_param",
                 " with a model on ", device_, ": ",
@@ -311,14 +311,6 @@ void EngineImpl::check_offload_devices() {
     own_device_link_ = offload::make_device_link(device_);
     device_link_ = own_device_link_.get();
   }
-  // The optimizer's swap file steps on host buffers: for a model on a device the gradients would
-  // have to come down and the parameters go up as in host memory; not built yet.
-  DSCPP_CHECK(!(stage > 0 && oo.device == "nvme" && (!device_.is_cpu() || device_link_)),
-              ConfigError, "zero_optimization.offload_optimizer.device \"nvme\" with a model on ",
-              device_link_ ? device_link_->describe() : device_.str(),
-              " is not implemented yet: the optimizer's swap file works for a model on the CPU. "
-              "HINT: use offload_optimizer.device \"cpu\" (the state in host memory; "
-              "offload_param may still be \"nvme\")");
   if (optimizer_to_host && comm_->rank() == 0) {
     if (device_link_) {
       DSCPP_LOG_INFO(
@@ -419,12 +411,14 @@ void EngineImpl::build_strategy() {
   check_offload_devices();
   const auto& oo = zc.offload_optimizer;
   const auto& op = zc.offload_param;
-  const bool host_store = stage > 0 && oo.device == "cpu" && device_link_;
+  // The optimizer steps in host memory for a model on a device (NOTE [host step]): the store in
+  // host memory, or the swap file with its copies.
+  const bool host_step = stage > 0 && oo.device != "none" && device_link_;
   // Rank 0's fp32 values are every rank's before anything is cast or sharded (mixed precision,
   // stage 3) or copied to host memory; otherwise the flat buffer is broadcast below. The store
   // takes this rank's part of them (the master weights, the swap file, host memory), parameter
   // by parameter as the model is cast into its flat buffers.
-  const bool broadcast_first = mixed || stage == 3 || host_store;
+  const bool broadcast_first = mixed || stage == 3 || host_step;
   if (broadcast_first) {
     std::vector<comm::WorkHandle> works;
     for (auto& p : np.params) {
@@ -445,7 +439,7 @@ void EngineImpl::build_strategy() {
   po.nvme = nvme;
   po.sub_group_size = zc.sub_group_size;
   po.params_on_disk = param_nvme || param_host;
-  if (host_store) {
+  if (host_step) {
     po.link = device_link_;
     po.pin_memory = oo.pin_memory;
     po.buffer_count = static_cast<int>(std::max<int64_t>(2, oo.buffer_count));

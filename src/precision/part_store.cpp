@@ -6,13 +6,11 @@
 
 #include <algorithm>
 #include <chrono>
-#include <map>
-#include <mutex>
-#include <optional>
 
 #include "dscpp/device_link.h"
 #include "dscpp/error.h"
 #include "offload/optimizer_swapper.h"
+#include "precision/device_copies.h"
 
 namespace dscpp::precision {
 namespace {
@@ -75,6 +73,20 @@ void step_in_memory(optim::Optimizer& optimizer, const std::vector<zero::Part>& 
       } else {
         optimizer.step(w, fp32_grads(g), ctx);
       }
+    }
+  }
+}
+
+// fn(k, part, lo, n) for each overlap [lo, lo + n) of sub-group k (of `sub` elements, over a
+// part of `part_numel`) with a part, in order of k.
+void for_each_piece(const std::vector<zero::Part>& parts, int64_t sub, int64_t part_numel,
+                    const std::function<void(int64_t, const zero::Part&, int64_t, int64_t)>& fn) {
+  for (int64_t k = 0; k * sub < part_numel; ++k) {
+    const int64_t begin = k * sub, end = std::min(begin + sub, part_numel);
+    for (const auto& part : parts) {
+      const int64_t lo = std::max(begin, part.offset);
+      const int64_t hi = std::min(end, part.offset + part.numel());
+      if (lo < hi) fn(k, part, lo, hi - lo);
     }
   }
 }
@@ -153,40 +165,78 @@ class SwapStore final : public PartStore {
  public:
   explicit SwapStore(const PartStoreOptions& o)
       : make_swapper_(o.make_swapper),
-        with_values_(o.dtype != at::kFloat || o.params_on_disk),
-        fp32_grads_(o.sub_group_size) {}
+        // A model on a device: its parameters are out of the step's reach, so the values are in
+        // the swap file even in fp32.
+        with_values_(o.dtype != at::kFloat || o.params_on_disk || o.link),
+        fp32_grads_(o.sub_group_size) {
+    if (o.link) {  // NOTE [host step], with the swap file's sub-groups
+      copies_ = std::make_unique<DeviceCopies>(*o.link, o.dtype, o.sub_group_size, o.pin_memory,
+                                               o.buffer_count, /*staged=*/true);
+    }
+  }
   zero::PartTap open(int64_t part_numel) override {
     swapper_ = make_swapper_(part_numel, with_values_);
+    if (copies_) copies_->open(part_numel);
     if (!with_values_) return nullptr;
     return [s = swapper_.get()](int64_t off, const at::Tensor& v) { s->write(0, off, v); };
   }
   bool holds_optimizer_states() const override {
     return swapper_->names().size() > (with_values_ ? 1 : 0);
   }
+  bool steps_on_host() const override { return copies_ != nullptr; }
   bool can_fail_midway() const override { return true; }
+  bool takes_final_pieces() const override { return copies_ != nullptr; }
+  void gradient_piece_final(int64_t pos, const at::Tensor& grads) override {
+    copies_->piece_final(pos, grads);
+  }
+  void gradients_final(const std::vector<zero::Part>& parts) override {
+    if (copies_) copies_->gradients_final(parts);
+  }
+  void drain() override {
+    if (copies_) copies_->drain();
+  }
 
   void step(optim::Optimizer& optimizer, const std::vector<zero::Part>& parts,
             optim::StepContext ctx) override {
     // A sub-group may span parts (stage 3's units); each overlap is one optimizer call, and when
     // the values are swapped its updated values are cast into the parameters (or handed to the
-    // parameters' swap file) at once.
+    // parameters' swap file) at once; for a model on a device its gradients came down first and
+    // its parameters go up.
+    if (copies_) copies_->gradients_final(parts);
     const size_t first_state = with_values_ ? 1 : 0;
-    swapper_->for_each_sub_group(
-        [&](int64_t begin, int64_t length, const std::vector<at::Tensor>& t) {
-          for (const auto& part : parts) {
-            const int64_t lo = std::max(begin, part.offset);
-            const int64_t hi = std::min(begin + length, part.offset + part.numel());
-            if (lo >= hi) continue;
-            at::Tensor w = with_values_ ? t[0].narrow(0, lo - begin, hi - lo)
-                                        : part.params.narrow(0, lo - part.offset, hi - lo);
-            ctx.state.clear();
-            for (size_t i = first_state; i < t.size(); ++i)
-              ctx.state.push_back(t[i].narrow(0, lo - begin, hi - lo));
-            if (ctx.state.empty()) ctx.offset = lo;  // a stateless optimizer (SGD, no momentum)
-            optimizer.step(w, fp32_grads_(part.grads.narrow(0, lo - part.offset, hi - lo)), ctx);
-            if (with_values_) part.store(lo - part.offset, w);
-          }
-        });
+    try {
+      swapper_->for_each_sub_group(
+          [&](int64_t begin, int64_t length, const std::vector<at::Tensor>& t) {
+            const int64_t k = copies_ ? begin / copies_->sub_group_size() : 0;
+            if (copies_) copies_->begin_sub_group(k);
+            for (const auto& part : parts) {
+              const int64_t lo = std::max(begin, part.offset);
+              const int64_t hi = std::min(begin + length, part.offset + part.numel());
+              if (lo >= hi) continue;
+              at::Tensor w = with_values_ ? t[0].narrow(0, lo - begin, hi - lo)
+                                          : part.params.narrow(0, lo - part.offset, hi - lo);
+              ctx.state.clear();
+              for (size_t i = first_state; i < t.size(); ++i)
+                ctx.state.push_back(t[i].narrow(0, lo - begin, hi - lo));
+              if (ctx.state.empty()) ctx.offset = lo;  // a stateless optimizer (SGD, no momentum)
+              const at::Tensor g = copies_ ? copies_->grads(lo, hi - lo)
+                                           : part.grads.narrow(0, lo - part.offset, hi - lo);
+              optimizer.step(w, fp32_grads_(g), ctx);
+              if (copies_ && !part.sink) {
+                // The swap buffer is written back and reused: the parameters go up from a copy.
+                at::Tensor up = copies_->up_buffer(k, lo, hi - lo);
+                up.copy_(w);
+                copies_->send_up(k, part.params.narrow(0, lo - part.offset, hi - lo), up);
+              } else if (with_values_) {
+                part.store(lo - part.offset, w);
+              }
+            }
+          });
+      if (copies_) copies_->finish_step();
+    } catch (...) {
+      if (copies_) copies_->drain();  // nothing may still be copying from or into a buffer
+      throw;
+    }
   }
   void publish(const std::vector<zero::Part>& parts) override {
     // The parameters are cast from the swap file's values 16 MiB at a time (otherwise they are
@@ -220,14 +270,17 @@ class SwapStore final : public PartStore {
   }
   void flush() override { swapper_->flush(); }
 
-  int64_t buffer_bytes() const override { return swapper_->buffer_bytes(); }
+  int64_t buffer_bytes() const override {
+    return swapper_->buffer_bytes() + (copies_ ? copies_->buffer_bytes() : 0);
+  }
   std::string take_report() override {
     const offload::SwapStats s = swapper_->take_stats();
     return fmt::format(
         "offloaded optimizer {:.1f} ms: read {:.1f} MiB, wrote {:.1f} MiB, waited for the "
-        "disk {:.1f} ms, stepped {:.1f} ms",
+        "disk {:.1f} ms, stepped {:.1f} ms{}",
         s.total_seconds * 1e3, s.bytes_read / double(1 << 20), s.bytes_written / double(1 << 20),
-        s.wait_seconds * 1e3, s.step_seconds * 1e3);
+        s.wait_seconds * 1e3, s.step_seconds * 1e3,
+        copies_ ? "; " + copies_->take_report() : std::string());
   }
 
  private:
@@ -246,6 +299,7 @@ class SwapStore final : public PartStore {
 
   SwapperFactory make_swapper_;
   bool with_values_;
+  std::unique_ptr<DeviceCopies> copies_;  // a model on a device
   std::unique_ptr<offload::OptimizerSwapper> swapper_;
   Fp32Grads fp32_grads_;
 };
@@ -254,7 +308,7 @@ class SwapStore final : public PartStore {
 // NOTE [host step]: offload_optimizer cpu of a model on a device (ZeRO-Offload). This rank's fp32
 // values and the optimizer's states live in host memory (the optimizer is built on the CPU), so
 // the device holds only the parameters and gradients in the training dtype. The part is stepped
-// in sub-groups of sub_group_size elements:
+// in sub-groups of sub_group_size elements; the copies are DeviceCopies' (device_copies.h):
 //   backward          each piece of the averaged gradient is copied down into one host buffer
 //                     of the part (training dtype) the moment its reduction is retired in the
 //                     boundary's backward (gradient_piece_final, NOTE [final pieces] in
@@ -269,24 +323,22 @@ class SwapStore final : public PartStore {
 // The arithmetic per element is the in-memory step's, so training is the same bit for bit. The
 // gradient buffer and the values are page-locked with pin_memory (copies then overlap the step;
 // pageable memory is copied synchronously by CUDA), the buffers the parameters go up from always.
+// The swap file (SwapStore) steps a model on a device the same way, its sub-groups read from
+// disk instead of host memory.
 class HostStore final : public PartStore {
  public:
   explicit HostStore(const PartStoreOptions& o)
-      : link_(o.link),
+      : link_(*o.link),
         dtype_(o.dtype),
-        sub_group_size_(std::max<int64_t>(1, o.sub_group_size)),
         pin_(o.pin_memory),
-        slots_(static_cast<size_t>(std::max(2, o.buffer_count))),
+        copies_(*o.link, o.dtype, o.sub_group_size, o.pin_memory, o.buffer_count,
+                /*staged=*/o.dtype != at::kFloat),
         fp32_grads_(std::max<int64_t>(1, o.sub_group_size)) {}
 
   zero::PartTap open(int64_t part_numel) override {
-    values_ = link_->host_empty(part_numel, at::kFloat, pin_ && dtype_ == at::kFloat);
+    values_ = link_.host_empty(part_numel, at::kFloat, pin_ && dtype_ == at::kFloat);
     values_.zero_();  // elements no parameter covers (padding) stay zero
-    grads_ = link_->host_empty(part_numel, dtype_, pin_);
-    if (dtype_ != at::kFloat) {
-      const int64_t n = std::min(sub_group_size_, part_numel);
-      for (auto& s : slots_) s.buffer = link_->host_empty(n, dtype_, /*pinned=*/true);
-    }
+    copies_.open(part_numel);
     return [this](int64_t off, const at::Tensor& v) {
       at::NoGradGuard no_grad;
       values_.narrow(0, off, v.numel()).copy_(v.reshape({-1}));
@@ -294,144 +346,82 @@ class HostStore final : public PartStore {
   }
   bool steps_on_host() const override { return true; }
   bool can_fail_midway() const override { return true; }
-
   bool takes_final_pieces() const override { return true; }
   void gradient_piece_final(int64_t pos, const at::Tensor& grads) override {
-    // On the thread that retired the reduction, under the reducer's lock.
-    std::lock_guard<std::mutex> g(mu_);
-    const auto t0 = Clock::now();
-    issue_down(pos, grads);
-    stats_.issue_seconds += seconds_since(t0);
+    copies_.piece_final(pos, grads);
   }
   void gradients_final(const std::vector<zero::Part>& parts) override {
-    // What no reduction handed over already (a flush, a stage whose last pieces came late).
-    std::lock_guard<std::mutex> g(mu_);
-    const auto t0 = Clock::now();
-    for (const auto& part : parts) {
-      const int64_t end = part.offset + part.numel();
-      int64_t at = part.offset;
-      for (auto it = issued_.upper_bound(at); at < end;) {
-        // The issued range that covers `at`, if any, is the one before `it`.
-        if (it != issued_.begin() && std::prev(it)->second > at) {
-          at = std::prev(it)->second;
-          continue;
-        }
-        const int64_t hi = it == issued_.end() ? end : std::min(end, it->first);
-        if (hi > at) issue_down(at, part.grads.narrow(0, at - part.offset, hi - at));
-        at = hi;
-        it = issued_.upper_bound(at);
-      }
-    }
-    stats_.issue_seconds += seconds_since(t0);
+    copies_.gradients_final(parts);
   }
 
   void step(optim::Optimizer& optimizer, const std::vector<zero::Part>& parts,
             optim::StepContext ctx) override {
     const auto t0 = Clock::now();
-    gradients_final(parts);  // issues only what is not on its way yet
+    copies_.gradients_final(parts);  // only what is not on its way yet
     // bf16 gradients in, bf16 parameters out, when the optimizer can and no part has a sink.
     bool fused = dtype_ == at::kBFloat16 && optimizer.fuses_bf16();
     for (const auto& part : parts) fused = fused && part.sink == nullptr;
     DSCPP_CHECK(optimizer.supports_pieces(), Error, "internal: ", optimizer.name(),
                 " needs whole parameters and cannot step sub-group by sub-group (check_supported "
                 "refuses it at stages 1-3)");
+    const int64_t sub = copies_.sub_group_size();
     try {
       int64_t k_prev = -1;
-      Slot* slot = nullptr;
-      for_each_piece(
-          parts,
-          [&](int64_t k, const zero::Part& part, int64_t lo, int64_t n) {
-            if (k != k_prev) {
-              for (auto& h : down_[k]) wait(h);
-              last_down_ = Clock::now();
-              if (dtype_ != at::kFloat) {
-                slot = &slots_[k % slots_.size()];
-                for (auto& h : slot->up) wait(h);
-                slot->up.clear();
-              }
-              k_prev = k;
-            }
-            const auto ts = Clock::now();
-            at::Tensor w = values_.narrow(0, lo, n);
-            at::Tensor g = grads_.narrow(0, lo, n);
-            if (n < values_.numel()) ctx.offset = lo;
-            at::Tensor up;  // what goes up to the device: training dtype, host
-            if (dtype_ == at::kFloat) {
-              optimizer.step(w, g, ctx);
-              up = w;
-            } else {
-              up = slot->buffer.narrow(0, lo - k * sub_group_size_, n);
-              if (fused) {
-                ctx.bf16_params = up;
-                optimizer.step(w, g, ctx);
-              } else {
-                optimizer.step(w, fp32_grads_(g), ctx);
-                if (part.sink == nullptr) up.copy_(w);
-              }
-            }
-            stats_.step_seconds += seconds_since(ts);
-            if (part.sink) {
-              part.store(lo - part.offset, w);
-              return;
-            }
-            if (!first_up_) first_up_ = Clock::now();
-            CopyHandle h = link_->to_device(part.params.narrow(0, lo - part.offset, n), up);
-            stats_.bytes_up += n * up.element_size();
-            (slot ? slot->up : up_).push_back(std::move(h));
-          });
-      wait_all_up();
+      for_each_piece(parts, sub, values_.numel(),
+                     [&](int64_t k, const zero::Part& part, int64_t lo, int64_t n) {
+        if (k != k_prev) copies_.begin_sub_group(k);
+        k_prev = k;
+        const auto ts = Clock::now();
+        at::Tensor w = values_.narrow(0, lo, n);
+        at::Tensor g = copies_.grads(lo, n);
+        if (n < values_.numel()) ctx.offset = lo;
+        at::Tensor up = w;  // what goes up to the device: training dtype, host
+        if (dtype_ == at::kFloat) {
+          optimizer.step(w, g, ctx);
+        } else {
+          up = copies_.up_buffer(k, lo, n);
+          if (fused) {
+            ctx.bf16_params = up;
+            optimizer.step(w, g, ctx);
+          } else {
+            optimizer.step(w, fp32_grads_(g), ctx);
+            if (part.sink == nullptr) up.copy_(w);
+          }
+        }
+        step_seconds_ += seconds_since(ts);
+        if (part.sink) return part.store(lo - part.offset, w);
+        copies_.send_up(k, part.params.narrow(0, lo - part.offset, n), up);
+      });
+      copies_.finish_step();
     } catch (...) {
-      drain();  // nothing may still be copying from or into a buffer
+      copies_.drain();  // nothing may still be copying from or into a buffer
       throw;
     }
-    if (first_down_) stats_.down_span_seconds += seconds_between(*first_down_, last_down_);
-    if (first_up_) stats_.up_span_seconds += seconds_since(*first_up_);
-    first_down_.reset();
-    first_up_.reset();
-    down_.clear();
-    issued_.clear();
-    stats_.total_seconds += seconds_since(t0);
+    total_seconds_ += seconds_since(t0);
   }
 
   void publish(const std::vector<zero::Part>& parts) override {
     try {
-      for_each_piece(parts, [&](int64_t k, const zero::Part& part, int64_t lo, int64_t n) {
+      const int64_t sub = copies_.sub_group_size();
+      for_each_piece(parts, sub, values_.numel(),
+                     [&](int64_t k, const zero::Part& part, int64_t lo, int64_t n) {
         at::Tensor w = values_.narrow(0, lo, n);
         if (part.sink) return part.store(lo - part.offset, w);
         at::Tensor up = w;
         if (dtype_ != at::kFloat) {
-          Slot& slot = slots_[k % slots_.size()];
-          for (auto& h : slot.up) wait(h);
-          slot.up.clear();
-          up = slot.buffer.narrow(0, lo - k * sub_group_size_, n);
+          copies_.begin_sub_group(k);
+          up = copies_.up_buffer(k, lo, n);
           up.copy_(w);
-          slot.up.push_back(link_->to_device(part.params.narrow(0, lo - part.offset, n), up));
-        } else {
-          up_.push_back(link_->to_device(part.params.narrow(0, lo - part.offset, n), up));
         }
+        copies_.send_up(k, part.params.narrow(0, lo - part.offset, n), up);
       });
-      wait_all_up();
+      copies_.finish_step();
     } catch (...) {
-      drain();
+      copies_.drain();
       throw;
     }
   }
-
-  void drain() override {
-    for (auto& group : down_) {
-      for (auto& h : group) wait_quietly(h);
-    }
-    down_.clear();
-    issued_.clear();
-    first_down_.reset();
-    first_up_.reset();
-    for (auto& s : slots_) {
-      for (auto& h : s.up) wait_quietly(h);
-      s.up.clear();
-    }
-    for (auto& h : up_) wait_quietly(h);
-    up_.clear();
-  }
+  void drain() override { copies_.drain(); }
 
   at::Tensor values(const std::vector<zero::Part>&, int64_t offset, int64_t n) const override {
     return values_.narrow(0, offset, n);
@@ -439,124 +429,28 @@ class HostStore final : public PartStore {
   int64_t bytes() const override {
     return values_.defined() ? static_cast<int64_t>(values_.nbytes()) : 0;
   }
-  int64_t buffer_bytes() const override {
-    int64_t b = grads_.defined() ? static_cast<int64_t>(grads_.nbytes()) : 0;
-    for (const auto& s : slots_) b += s.buffer.defined() ? static_cast<int64_t>(s.buffer.nbytes()) : 0;
-    return b;
-  }
+  int64_t buffer_bytes() const override { return copies_.buffer_bytes(); }
   std::string take_report() override {
-    const Stats s = std::exchange(stats_, Stats{});
-    // A direction's bytes over the time from its first copy issued to its last one waited for:
-    // a lower bound of the bandwidth the copies reached (the link may have idled meanwhile).
-    auto rate = [](int64_t bytes, double span) {
-      return span > 0 ? fmt::format(" ({:.2f} GB/s at least)", bytes / span / 1e9) : std::string();
-    };
-    return fmt::format(
-        "offloaded optimizer {:.1f} ms: gradients down {:.1f} MiB{}, parameters up {:.1f} MiB{}, "
-        "waited for copies {:.1f} ms, stepped {:.1f} ms",
-        s.total_seconds * 1e3, s.bytes_down / double(1 << 20), rate(s.bytes_down, s.down_span_seconds),
-        s.bytes_up / double(1 << 20), rate(s.bytes_up, s.up_span_seconds), s.wait_seconds * 1e3,
-        s.step_seconds * 1e3);
+    const std::string out = fmt::format("offloaded optimizer {:.1f} ms: {}, stepped {:.1f} ms",
+                                        total_seconds_ * 1e3, copies_.take_report(),
+                                        step_seconds_ * 1e3);
+    total_seconds_ = step_seconds_ = 0;
+    return out;
   }
 
  private:
   using Clock = std::chrono::steady_clock;
-  using CopyHandle = offload::CopyHandle;
   static double seconds_since(Clock::time_point t) {
     return std::chrono::duration<double>(Clock::now() - t).count();
   }
-  struct Slot {
-    at::Tensor buffer;            // [sub_group_size] training dtype, pinned
-    std::vector<CopyHandle> up;   // its copies to the device in flight
-  };
-  struct Stats {
-    int64_t bytes_down = 0, bytes_up = 0;
-    double total_seconds = 0, wait_seconds = 0, step_seconds = 0, issue_seconds = 0;
-    // From a step's first copy down issued (in backward) to its last one waited for, and from
-    // its first copy up issued to the last one waited for.
-    double down_span_seconds = 0, up_span_seconds = 0;
-  };
-  static double seconds_between(Clock::time_point a, Clock::time_point b) {
-    return std::chrono::duration<double>(b - a).count();
-  }
 
-  int64_t sub_groups() const { return (values_.numel() + sub_group_size_ - 1) / sub_group_size_; }
-  // Issues the copy down of the part's gradient elements [pos, pos + grads.numel()), one copy per
-  // sub-group it touches, and records the range as issued.
-  void issue_down(int64_t pos, const at::Tensor& grads) {
-    if (down_.empty()) down_.resize(sub_groups());
-    if (!first_down_) first_down_ = Clock::now();
-    const int64_t end = pos + grads.numel();
-    for (int64_t lo = pos; lo < end;) {
-      const int64_t k = lo / sub_group_size_;
-      const int64_t hi = std::min(end, (k + 1) * sub_group_size_);
-      down_[k].push_back(
-          link_->to_host(grads_.narrow(0, lo, hi - lo), grads.narrow(0, lo - pos, hi - lo)));
-      stats_.bytes_down += (hi - lo) * grads_.element_size();
-      lo = hi;
-    }
-    // Merge [pos, end) into the issued ranges (they never overlap: each piece is final once).
-    auto it = issued_.emplace(pos, end).first;
-    if (it != issued_.begin() && std::prev(it)->second == pos) {
-      std::prev(it)->second = end;
-      it = issued_.erase(it);
-      --it;
-    }
-    auto next = std::next(it);
-    if (next != issued_.end() && next->first == it->second) {
-      it->second = next->second;
-      issued_.erase(next);
-    }
-  }
-  // fn(k, part, lo, n) for each overlap [lo, lo + n) of sub-group k with a part, in order of k.
-  void for_each_piece(
-      const std::vector<zero::Part>& parts,
-      const std::function<void(int64_t, const zero::Part&, int64_t, int64_t)>& fn) const {
-    for (int64_t k = 0; k < sub_groups(); ++k) {
-      const int64_t begin = k * sub_group_size_;
-      const int64_t end = std::min(begin + sub_group_size_, values_.numel());
-      for (const auto& part : parts) {
-        const int64_t lo = std::max(begin, part.offset);
-        const int64_t hi = std::min(end, part.offset + part.numel());
-        if (lo < hi) fn(k, part, lo, hi - lo);
-      }
-    }
-  }
-  void wait(const CopyHandle& h) {
-    const auto t0 = Clock::now();
-    h->wait();
-    stats_.wait_seconds += seconds_since(t0);
-  }
-  static void wait_quietly(const CopyHandle& h) {
-    try {
-      h->wait();
-    } catch (...) {
-    }
-  }
-  void wait_all_up() {
-    for (auto& s : slots_) {
-      for (auto& h : s.up) wait(h);
-      s.up.clear();
-    }
-    for (auto& h : up_) wait(h);
-    up_.clear();
-  }
-
-  offload::DeviceLink* link_;
+  offload::DeviceLink& link_;
   at::ScalarType dtype_;
-  int64_t sub_group_size_;
   bool pin_;
+  DeviceCopies copies_;
   at::Tensor values_;  // [part_numel] fp32, host (pinned in fp32 with pin_memory: it goes up)
-  at::Tensor grads_;   // [part_numel] training dtype, host: the gradients come down here
-  std::vector<Slot> slots_;                    // mixed precision: where parameters go up from
-  std::vector<CopyHandle> up_;                 // fp32: copies up in flight (from values_)
-  std::vector<std::vector<CopyHandle>> down_;  // [sub-group] its gradient copies in flight
-  std::map<int64_t, int64_t> issued_;          // ranges [begin, end) of the part gone down
-  std::optional<Clock::time_point> first_down_, first_up_;
-  Clock::time_point last_down_;
-  std::mutex mu_;  // gradient pieces arrive on the reducer's threads
   Fp32Grads fp32_grads_;
-  Stats stats_;
+  double total_seconds_ = 0, step_seconds_ = 0;
 };
 }  // namespace
 

@@ -466,20 +466,21 @@ namespace {
 // With the optimizer state on disk (offload_optimizer nvme, sub-groups of 5 elements; at stage 3
 // the parameter shards too), a checkpoint streams the swap file into the rank files and a load
 // writes them back; in host memory (offload_optimizer cpu of a model on a device: the tests'
-// stand-in for a GPU; at stage 3 offload_param cpu too) a load copies the parameters up again. The resume is bit-exact, and a
+// stand-in for a GPU; at stage 3 offload_param cpu too; and the swap file for such a model, "nvme,
+// GPU") a load copies the parameters up again. The resume is bit-exact, and a
 // checkpoint moves between offloaded and in-memory engines both ways.
 TEST(EngineCheckpoint, OffloadedStateSavesAndLoadsBitExactBothWays) {
   constexpr int kWorld = 2, K = 3;
   TempDir swap;
   for (const auto& [stage, dtype, device] : std::vector<std::tuple<int, std::string, std::string>>{
            {2, "bf16", "nvme"}, {3, "fp32", "nvme"}, {1, "fp32", "nvme"}, {2, "bf16", "cpu"},
-           {3, "fp32", "cpu"}, {3, "bf16", "cpu"}}) {
+           {3, "fp32", "cpu"}, {3, "bf16", "cpu"}, {2, "fp32", "nvme, GPU"}}) {
     const std::string what = "stage " + std::to_string(stage) + " " + dtype + " " + device;
     std::vector<std::unique_ptr<testing::StandInLink>> links;
     for (int r = 0; r < kWorld; ++r) links.push_back(std::make_unique<testing::StandInLink>());
     auto options = [&](Communicator& c, bool offload) {
       InitOptions o = borrowed(c);
-      if (offload && device == "cpu") o.device_link = links[c.rank()].get();
+      if (offload && device != "nvme") o.device_link = links[c.rank()].get();
       return o;
     };
     const std::string base = kOpt + dtype_cfg(dtype);

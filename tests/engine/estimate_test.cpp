@@ -106,20 +106,28 @@ TEST(Estimate, MatchesTheEngineAtTwoSizesEveryStageDtypeAndOffload) {
 // shards too.
 TEST(Estimate, HostTierMatchesTheEngineThroughTheStandIn) {
   const auto g = gpt(4, 128);
+  testing::TempDir dir;
+  const std::string nvme = "{\"device\": \"nvme\", \"nvme_path\": \"" + dir.path() +
+                           "\", \"pipeline_read\": true, \"pipeline_write\": true}";
   for (const char* dtype : {"fp32", "bf16"}) {
-    for (int stage : {1, 2, 3, 4}) {  // 4: stage 3 with the parameters in host memory too
-      const bool params = stage == 4;
+    // Stages 1-3 with the optimizer on cpu; 4: stage 3 with the parameters on cpu too; 5: stage
+    // 2 with the optimizer on nvme.
+    for (int stage : {1, 2, 3, 4, 5}) {
+      const bool params = stage == 4, on_disk = stage == 5;
       const std::string cfg =
           std::string(
               "{\"train_batch_size\": 4, \"optimizer\": {\"type\": \"AdamW\", "
               "\"params\": {\"lr\": 0.001}}") +
           (std::string(dtype) == "bf16" ? ", \"bf16\": {\"enabled\": true}" : "") +
-          ", \"zero_optimization\": {\"stage\": " + std::to_string(params ? 3 : stage) +
+          ", \"zero_optimization\": {\"stage\": " +
+          std::to_string(params ? 3 : on_disk ? 2 : stage) +
           ", \"stage3_param_persistence_threshold\": 0, \"sub_group_size\": 5000, "
-          "\"offload_optimizer\": {\"device\": \"cpu\"}" +
+          "\"offload_optimizer\": " +
+          (on_disk ? nvme : "{\"device\": \"cpu\"}") +
           (params ? ", \"offload_param\": {\"device\": \"cpu\"}" : "") + "}}";
-      const std::string what = std::string(dtype) + (params ? " stage 3, both" : " stage ") +
-                               (params ? "" : std::to_string(stage));
+      const std::string what = std::string(dtype) + (params    ? " stage 3, both on cpu"
+                                                     : on_disk ? " stage 2, optimizer on nvme"
+                                                               : " stage " + std::to_string(stage));
       std::vector<std::unique_ptr<testing::StandInLink>> links;
       for (int r = 0; r < 2; ++r) links.push_back(std::make_unique<testing::StandInLink>());
       auto errors = run_thread_ranks(2, [&](Communicator& c) {
@@ -135,7 +143,7 @@ TEST(Estimate, HostTierMatchesTheEngineThroughTheStandIn) {
         in.on_gpu = true;
         const Estimate e = estimate(in, Config::parse(cfg));
         if (c.rank() != 0) return;
-        EXPECT_EQ(e.offload_optimizer, "cpu") << what;
+        EXPECT_EQ(e.offload_optimizer, on_disk ? "nvme" : "cpu") << what;
         expect_within(m.host, e.host(), what + " host");
         expect_within(m.master, e.master, what + " master");
         expect_within(m.optimizer_state, e.optimizer_state, what + " optimizer");

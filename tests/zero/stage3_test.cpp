@@ -1187,6 +1187,11 @@ TEST(EngineZero3, ParametersInHostMemoryTrainBitForBitAsInMemory) {
         Case{"fp32, optimizer in host memory", "", opt_cpu, cpu, false},
         Case{"bf16, shards on disk", bf16, opt_cpu,
              "{\"device\": \"nvme\", \"max_in_cpu\": 0, \"nvme_path\": \"" + dir.path() + "\"}",
+             false},
+        Case{"fp32, optimizer and shards on disk", "",
+             ", \"sub_group_size\": 100, \"offload_optimizer\": {\"device\": \"nvme\", "
+             "\"nvme_path\": \"" + dir.path() + "\", \"pipeline_read\": true}",
+             "{\"device\": \"nvme\", \"max_in_cpu\": 0, \"nvme_path\": \"" + dir.path() + "\"}",
              false}}) {
     for (int world : {1, 2}) {
       const std::string what = c.name + " world " + std::to_string(world);
