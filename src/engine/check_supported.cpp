@@ -73,9 +73,9 @@ std::vector<std::string> check_supported(const Config& c, const SupportContext& 
     DSCPP_CHECK(mixed || oo.device == "nvme" || (oo.device == "cpu" && ctx.model_on_device),
                 ConfigError,
                 "zero_optimization.offload_param.device \"nvme\" in fp32 needs "
-                "offload_optimizer.device \"nvme\" too (or \"cpu\" with a model on a GPU): in fp32 the optimizer updates the "
-                "parameters themselves, so with the parameters on disk its fp32 weights must be "
-                "on disk with its state. HINT: add \"offload_optimizer\": {\"device\": \"nvme\", "
+                "offload_optimizer.device \"nvme\" too (or \"cpu\" with a model on a GPU): in "
+                "fp32 the optimizer updates the parameters themselves, so with the parameters on "
+                "disk its fp32 weights must be off the device with its state. HINT: add \"offload_optimizer\": {\"device\": \"nvme\", "
                 "\"nvme_path\": ...}, or train in bf16 (the fp32 master weights then stay in "
                 "memory)");
   }

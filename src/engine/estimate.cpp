@@ -21,7 +21,8 @@ namespace dscpp::engine {
 std::string Estimate::describe() const {
   const std::string& o = offload_optimizer;
   const std::string& p = offload_param;
-  if (o != "none" && o == p) return fmt::format("stage {}, optimizer and parameters on {}", stage, o);
+  if (o != "none" && o == p)
+    return fmt::format("stage {}, optimizer and parameters on {}", stage, o);
   return fmt::format("stage {}{}{}", stage, o != "none" ? ", optimizer on " + o : "",
                      p != "none" ? ", parameters on " + p : "");
 }
@@ -86,7 +87,8 @@ Estimate estimate(const EstimateInput& in, const Config& c, int stage,
     int64_t buffers = slots * T * static_cast<int64_t>(io::align_up(4 * sub));
     if (in.on_gpu) {
       // The gradients' host buffer and the sub-groups going up (NOTE [host step]).
-      buffers += part * b + std::min<int64_t>(std::max<int64_t>(2, oo.buffer_count), groups) * sub * b;
+      buffers +=
+          part * b + std::min<int64_t>(std::max<int64_t>(2, oo.buffer_count), groups) * sub * b;
       e.host_part += buffers;
     }
     e.swap_buffers += buffers;
@@ -99,8 +101,8 @@ Estimate estimate(const EstimateInput& in, const Config& c, int stage,
     e.master = part * 4;
     e.optimizer_state = states * part * 4;
     const int64_t buffers =
-        part * b + (mixed ? std::min<int64_t>(std::max<int64_t>(2, oo.buffer_count), groups) * sub * b
-                          : 0);
+        part * b +
+        (mixed ? std::min<int64_t>(std::max<int64_t>(2, oo.buffer_count), groups) * sub * b : 0);
     e.swap_buffers += buffers;
     e.host_part += e.master + e.optimizer_state + buffers;
   } else {
@@ -251,10 +253,10 @@ void check_fits(const EstimateInput& in, const Config& config, int64_t held, int
       } else if (o.offload_optimizer != "none") {
         const Estimate sm = estimate(in, small, o.stage, o.offload_optimizer, o.offload_param);
         if (fit(sm)) {
-          fits += fmt::format(
-              "\n  {} with sub_group_size 10000000{}: {}", sm.describe(),
-              o.offload_optimizer == "nvme" ? ", pipeline_read and pipeline_write" : "",
-              per_rank(sm));
+          fits +=
+              fmt::format("\n  {} with sub_group_size 10000000{}: {}", sm.describe(),
+                          o.offload_optimizer == "nvme" ? ", pipeline_read and pipeline_write" : "",
+                          per_rank(sm));
         }
       }
     }
@@ -264,11 +266,12 @@ void check_fits(const EstimateInput& in, const Config& config, int64_t held, int
                                 format_bytes(gpu_need(e)),
                                 held ? " beyond what the model holds already" : "",
                                 format_bytes(gpu_avail), gpu_source)
-                  : fmt::format("{} of host memory with {} rank(s) on this host{}, but {} is "
-                                "available ({})",
-                                format_bytes(host_need(e)), local,
-                                !in.on_gpu && held ? " beyond what the model holds already" : "",
-                                format_bytes(avail), source);
+                  : fmt::format(
+                        "{} of host memory with {} rank(s) on this host{}, but {} is "
+                        "available ({})",
+                        format_bytes(host_need(e)), local,
+                        !in.on_gpu && held ? " beyond what the model holds already" : "",
+                        format_bytes(avail), source);
     DSCPP_FAIL(
         ConfigError, "the model states of ", in.params, " trainable parameters at ", e.describe(),
         " need ", format_bytes(e.memory()), " per rank (parameters ", format_bytes(e.params),
@@ -279,8 +282,8 @@ void check_fits(const EstimateInput& in, const Config& config, int64_t held, int
         in.on_gpu ? fmt::format(", {} of it on the GPU and {} in host memory",
                                 format_bytes(e.gpu()), format_bytes(e.host()))
                   : "",
-        "; that is ", where, ". Settings that fit:",
-        fits.empty() ? std::string("\n  none on this many ranks") : fits,
+        "; that is ", where,
+        ". Settings that fit:", fits.empty() ? std::string("\n  none on this many ranks") : fits,
         "\nHINT: choose one of those (docs/offload.md), add ranks or hosts, or set "
         "DSCPP_SKIP_MEMORY_CHECK=1 to start anyway (dscpp estimate prints the table)");
   }

@@ -10,10 +10,10 @@
 #include <fstream>
 #include <optional>
 
+#include "dscpp/device_link.h"
 #include "dscpp/error.h"
 #include "engine/check_supported.h"
 #include "engine/engine_impl.h"
-#include "dscpp/device_link.h"
 #include "engine/estimate.h"
 #include "offload/device_shards.h"
 #include "offload/optimizer_swapper.h"
@@ -461,8 +461,8 @@ void EngineImpl::build_strategy() {
     s3.secondary_group = secondary_partition_size();
     if (param_nvme) {
       s3.max_in_cpu = op.max_in_cpu;
-      s3.make_param_swapper = [this](const std::vector<int64_t>& numels, at::ScalarType dtype)
-          -> std::unique_ptr<zero::ShardSwap> {
+      s3.make_param_swapper = [this](const std::vector<int64_t>& numels,
+                                     at::ScalarType dtype) -> std::unique_ptr<zero::ShardSwap> {
         auto on_disk = build_param_swapper(numels, dtype);
         if (!device_link_) return on_disk;
         return std::make_unique<offload::DeviceShards>(
@@ -471,8 +471,8 @@ void EngineImpl::build_strategy() {
       };
     } else if (param_host) {
       s3.max_in_cpu = 0;  // every shard in host memory (max_in_cpu is about the disk)
-      s3.make_param_swapper = [this](const std::vector<int64_t>& numels, at::ScalarType dtype)
-          -> std::unique_ptr<zero::ShardSwap> {
+      s3.make_param_swapper = [this](const std::vector<int64_t>& numels,
+                                     at::ScalarType dtype) -> std::unique_ptr<zero::ShardSwap> {
         const auto& p = config_.zero_optimization.offload_param;
         auto shards = std::make_unique<offload::DeviceShards>(
             *device_link_, numels, dtype, static_cast<int>(p.buffer_count), p.pin_memory);
@@ -481,8 +481,8 @@ void EngineImpl::build_strategy() {
               "zero_optimization.offload_param.device \"cpu\": each rank's {} parameter shard "
               "elements ({:.1f} MiB, {}pinned) wait in host memory; up to {} go up to {} ahead "
               "of their all-gathers",
-              shards->numel(), shards->host_bytes() / double(1 << 20),
-              p.pin_memory ? "" : "not ", p.buffer_count, device_link_->describe());
+              shards->numel(), shards->host_bytes() / double(1 << 20), p.pin_memory ? "" : "not ",
+              p.buffer_count, device_link_->describe());
         }
         return shards;
       };

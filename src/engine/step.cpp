@@ -254,7 +254,8 @@ void EngineImpl::enter_no_sync() {
 }
 
 void EngineImpl::abandon_window() {
-  if (store_) store_->drain();  // a dropped window's gradients may still be on their way to host memory
+  if (store_)
+    store_->drain();  // a dropped window's gradients may still be on their way to host memory
   strategy_->reducer().set_final(false);
   strategy_->reducer().zero_grads();
   strategy_->reducer().clear_nonfinite();
@@ -446,8 +447,8 @@ void EngineImpl::update_parameters(const Reduced& red, double unscale, double co
     } catch (...) {
     }
   }
-  // Ranks whose swap or copy failed have a part that is neither the old one nor the new one, while the
-  // others updated theirs: no rank may go on (the next all-gather would mix them). Every rank
+  // Ranks whose swap or copy failed have a part that is neither the old one nor the new one, while
+  // the others updated theirs: no rank may go on (the next all-gather would mix them). Every rank
   // learns it here, before publishing, and the engine refuses further steps.
   try {
     on_every_rank(

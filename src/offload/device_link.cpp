@@ -83,8 +83,10 @@ class CudaLink final : public DeviceLink {
     DSCPP_CHECK(dev.device() == device_ && host.is_cpu() && dst.numel() == src.numel() &&
                     dst.scalar_type() == src.scalar_type() && dst.is_contiguous() &&
                     src.is_contiguous(),
-                Error, "internal: a device link copy needs contiguous tensors of one dtype and "
-                "length, one on ", device_, " and one in host memory");
+                Error,
+                "internal: a device link copy needs contiguous tensors of one dtype and "
+                "length, one on ",
+                device_, " and one in host memory");
   }
   CopyHandle issue(const c10::cuda::CUDAStream& side, const at::Tensor& dst, const at::Tensor& src,
                    const at::Tensor& on_device) {
@@ -152,8 +154,9 @@ bool cuda_link_available() { return false; }
 int64_t gpu_free_memory(const at::Device&) { return -1; }
 
 void cap_gpu_memory(const at::Device& device, int64_t) {
-  DSCPP_FAIL(Error, "DSCPP_GPU_MEMORY_LIMIT on ", device,
-             ": this dscpp was built without CUDA. HINT: unset it, or rebuild with -DDSCPP_CUDA=ON");
+  DSCPP_FAIL(
+      Error, "DSCPP_GPU_MEMORY_LIMIT on ", device,
+      ": this dscpp was built without CUDA. HINT: unset it, or rebuild with -DDSCPP_CUDA=ON");
 }
 
 std::unique_ptr<DeviceLink> make_device_link(const at::Device& device) {

@@ -24,8 +24,8 @@ void wait_quietly(const offload::CopyHandle& h) {
 
 }  // namespace
 
-DeviceCopies::DeviceCopies(offload::DeviceLink& link, at::ScalarType dtype,
-                           int64_t sub_group_size, bool pin_memory, int buffer_count, bool staged)
+DeviceCopies::DeviceCopies(offload::DeviceLink& link, at::ScalarType dtype, int64_t sub_group_size,
+                           bool pin_memory, int buffer_count, bool staged)
     : link_(link),
       dtype_(dtype),
       sub_group_size_(std::max<int64_t>(1, sub_group_size)),
@@ -152,7 +152,8 @@ void DeviceCopies::drain() {
 
 int64_t DeviceCopies::buffer_bytes() const {
   int64_t b = grads_.defined() ? static_cast<int64_t>(grads_.nbytes()) : 0;
-  for (const auto& s : slots_) b += s.buffer.defined() ? static_cast<int64_t>(s.buffer.nbytes()) : 0;
+  for (const auto& s : slots_)
+    b += s.buffer.defined() ? static_cast<int64_t>(s.buffer.nbytes()) : 0;
   return b;
 }
 
@@ -163,11 +164,11 @@ std::string DeviceCopies::take_report() {
   auto rate = [](int64_t bytes, double span) {
     return span > 0 ? fmt::format(" ({:.2f} GB/s at least)", bytes / span / 1e9) : std::string();
   };
-  return fmt::format("gradients down {:.1f} MiB{}, parameters up {:.1f} MiB{}, waited for copies "
-                     "{:.1f} ms",
-                     s.bytes_down / double(1 << 20), rate(s.bytes_down, s.down_span_seconds),
-                     s.bytes_up / double(1 << 20), rate(s.bytes_up, s.up_span_seconds),
-                     s.wait_seconds * 1e3);
+  return fmt::format(
+      "gradients down {:.1f} MiB{}, parameters up {:.1f} MiB{}, waited for copies "
+      "{:.1f} ms",
+      s.bytes_down / double(1 << 20), rate(s.bytes_down, s.down_span_seconds),
+      s.bytes_up / double(1 << 20), rate(s.bytes_up, s.up_span_seconds), s.wait_seconds * 1e3);
 }
 
 }  // namespace dscpp::precision

@@ -61,8 +61,8 @@ class DeviceCopies {
  private:
   using Clock = std::chrono::steady_clock;
   struct Slot {
-    at::Tensor buffer;                      // [sub_group_size] training dtype, pinned
-    std::vector<offload::CopyHandle> up;    // its copies to the device in flight
+    at::Tensor buffer;                    // [sub_group_size] training dtype, pinned
+    std::vector<offload::CopyHandle> up;  // its copies to the device in flight
   };
   struct Stats {
     int64_t bytes_down = 0, bytes_up = 0;

@@ -304,7 +304,6 @@ class SwapStore final : public PartStore {
   Fp32Grads fp32_grads_;
 };
 
-
 // NOTE [host step]: offload_optimizer cpu of a model on a device (ZeRO-Offload). This rank's fp32
 // values and the optimizer's states live in host memory (the optimizer is built on the CPU), so
 // the device holds only the parameters and gradients in the training dtype. The part is stepped
@@ -364,11 +363,9 @@ class HostStore final : public PartStore {
     DSCPP_CHECK(optimizer.supports_pieces(), Error, "internal: ", optimizer.name(),
                 " needs whole parameters and cannot step sub-group by sub-group (check_supported "
                 "refuses it at stages 1-3)");
-    const int64_t sub = copies_.sub_group_size();
     try {
       int64_t k_prev = -1;
-      for_each_piece(parts, sub, values_.numel(),
-                     [&](int64_t k, const zero::Part& part, int64_t lo, int64_t n) {
+      auto step_piece = [&](int64_t k, const zero::Part& part, int64_t lo, int64_t n) {
         if (k != k_prev) copies_.begin_sub_group(k);
         k_prev = k;
         const auto ts = Clock::now();
@@ -391,7 +388,8 @@ class HostStore final : public PartStore {
         step_seconds_ += seconds_since(ts);
         if (part.sink) return part.store(lo - part.offset, w);
         copies_.send_up(k, part.params.narrow(0, lo - part.offset, n), up);
-      });
+      };
+      for_each_piece(parts, copies_.sub_group_size(), values_.numel(), step_piece);
       copies_.finish_step();
     } catch (...) {
       copies_.drain();  // nothing may still be copying from or into a buffer
@@ -402,9 +400,7 @@ class HostStore final : public PartStore {
 
   void publish(const std::vector<zero::Part>& parts) override {
     try {
-      const int64_t sub = copies_.sub_group_size();
-      for_each_piece(parts, sub, values_.numel(),
-                     [&](int64_t k, const zero::Part& part, int64_t lo, int64_t n) {
+      auto publish_piece = [&](int64_t k, const zero::Part& part, int64_t lo, int64_t n) {
         at::Tensor w = values_.narrow(0, lo, n);
         if (part.sink) return part.store(lo - part.offset, w);
         at::Tensor up = w;
@@ -414,7 +410,8 @@ class HostStore final : public PartStore {
           up.copy_(w);
         }
         copies_.send_up(k, part.params.narrow(0, lo - part.offset, n), up);
-      });
+      };
+      for_each_piece(parts, copies_.sub_group_size(), values_.numel(), publish_piece);
       copies_.finish_step();
     } catch (...) {
       copies_.drain();
@@ -431,9 +428,9 @@ class HostStore final : public PartStore {
   }
   int64_t buffer_bytes() const override { return copies_.buffer_bytes(); }
   std::string take_report() override {
-    const std::string out = fmt::format("offloaded optimizer {:.1f} ms: {}, stepped {:.1f} ms",
-                                        total_seconds_ * 1e3, copies_.take_report(),
-                                        step_seconds_ * 1e3);
+    const std::string out =
+        fmt::format("offloaded optimizer {:.1f} ms: {}, stepped {:.1f} ms", total_seconds_ * 1e3,
+                    copies_.take_report(), step_seconds_ * 1e3);
     total_seconds_ = step_seconds_ = 0;
     return out;
   }

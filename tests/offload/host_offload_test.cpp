@@ -94,13 +94,13 @@ TEST(HostOffload, SwapFileForAModelOnADeviceIsBitExact) {
       const std::string what = "stage " + std::to_string(stage) + " " + dtype;
       auto ref = run_ranks(2, kSteps, config_json(8, 2, kAdamW + prec + zero_cfg(stage)));
       Links links(2);
-      auto got = run_ranks(
-          2, kSteps,
-          config_json(8, 2,
-                      kAdamW + prec +
-                          zero_cfg(stage, "{\"device\": \"nvme\", \"nvme_path\": \"" +
-                                              dir.path() + "\"" + pipe + "}")),
-          links.adjust());
+      auto got =
+          run_ranks(2, kSteps,
+                    config_json(8, 2,
+                                kAdamW + prec +
+                                    zero_cfg(stage, "{\"device\": \"nvme\", \"nvme_path\": \"" +
+                                                        dir.path() + "\"" + pipe + "}")),
+                    links.adjust());
       expect_identical(got, ref, what);
       for (int r = 0; r < 2; ++r) {
         EXPECT_EQ(got[r].memory.optimizer_state, 0) << what;  // on disk
@@ -124,8 +124,9 @@ TEST(HostOffload, AccumulationOverflowOptimizersAndBufferSettingsGiveTheSameBits
   const std::string fp16 =
       ", \"fp16\": {\"enabled\": true, \"initial_scale_power\": 18, \"hysteresis\": 1, "
       "\"loss_scale_window\": 2}";
-  const std::string sgd = ", \"optimizer\": {\"type\": \"SGD\", \"params\": {\"lr\": 0.05, "
-                          "\"momentum\": 0.9}}";
+  const std::string sgd =
+      ", \"optimizer\": {\"type\": \"SGD\", \"params\": {\"lr\": 0.05, "
+      "\"momentum\": 0.9}}";
   const std::string lion = ", \"optimizer\": {\"type\": \"Lion\", \"params\": {\"lr\": 0.001}}";
   const std::vector<Case> cases = {
       {"fp16 overflowing", kAdamW + fp16, 2, 32, kCpu},
@@ -141,9 +142,9 @@ TEST(HostOffload, AccumulationOverflowOptimizersAndBufferSettingsGiveTheSameBits
       const std::string what = c.name + " GAS " + std::to_string(gas);
       auto ref = run_ranks(2, kSteps, config_json(8, 4 / gas, c.base + zero_cfg(c.stage)));
       Links links(2);
-      auto got = run_ranks(2, kSteps,
-                           config_json(8, 4 / gas, c.base + zero_cfg(c.stage, c.offload, c.sub_group)),
-                           links.adjust());
+      auto got = run_ranks(
+          2, kSteps, config_json(8, 4 / gas, c.base + zero_cfg(c.stage, c.offload, c.sub_group)),
+          links.adjust());
       expect_identical(got, ref, what);
       for (const auto& t : got) EXPECT_EQ(t.skipped, ref[0].skipped) << what;
       if (c.name == "fp16 overflowing") EXPECT_GT(ref[0].skipped, 0) << what;
@@ -160,10 +161,9 @@ TEST(HostOffload, GradientsGoDownBeforeTheStepAndParametersUpDuringIt) {
   for (const bool pinned : {true, false}) {
     Links links(1, StandInOptions{std::chrono::microseconds(200)});
     const std::string off = pinned ? kCpu : "{\"device\": \"cpu\"}";
-    auto got = run_ranks(1, 1,
-                         config_json(8, 4, kAdamW + ", \"bf16\": {\"enabled\": true}" +
-                                               zero_cfg(2, off)),
-                         links.adjust());
+    auto got = run_ranks(
+        1, 1, config_json(8, 4, kAdamW + ", \"bf16\": {\"enabled\": true}" + zero_cfg(2, off)),
+        links.adjust());
     ASSERT_EQ(got.size(), 1u);
     const auto events = links.links[0]->events();
     int64_t last_down_issue = -1, first_up_issue = -1, last_down_wait = -1, downs = 0, ups = 0;
@@ -243,7 +243,8 @@ TEST(HostOffload, GradientsGoDownAsTheirReductionsFinish) {
 TEST(HostOffload, AFailingCopyStopsEveryRankWithTheCause) {
   for (const int fail : {12, 15}) {  // step 2 issues copies 10-19: 5 down, then 5 up
     Links links(2);
-    links.links[1] = std::make_unique<StandInLink>(StandInOptions{std::chrono::microseconds(50), fail});
+    links.links[1] =
+        std::make_unique<StandInLink>(StandInOptions{std::chrono::microseconds(50), fail});
     std::vector<std::string> first(2), next(2);
     auto errors = run_thread_ranks(2, [&](Communicator& c) {
       enginetest::Net net = enginetest::make_net(1);
@@ -261,8 +262,7 @@ TEST(HostOffload, AFailingCopyStopsEveryRankWithTheCause) {
       next[c.rank()] = error_of([&] { e->backward(at::zeros({}, at::kFloat).requires_grad_()); });
     });
     for (auto& e : errors) EXPECT_FALSE(e) << error_text(e);
-    EXPECT_NE(first[1].find("the stand-in link's copy " + std::to_string(fail)),
-              std::string::npos)
+    EXPECT_NE(first[1].find("the stand-in link's copy " + std::to_string(fail)), std::string::npos)
         << first[1];
     EXPECT_NE(first[1].find("injected"), std::string::npos) << first[1];
     EXPECT_NE(first[0].find("offloaded optimizer step 2 failed on rank(s) 1"), std::string::npos)
@@ -302,11 +302,11 @@ TEST(HostOffload, MismatchesAreRefusedAtStartUp) {
             std::string::npos)
       << e1;
   const std::string e2 = error_for(
-      &stand_in, ", \"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": \"cpu\"}}");
+      &stand_in,
+      ", \"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": \"cpu\"}}");
   EXPECT_NE(e2.find("offload_param.device \"cpu\" in fp32 needs offload_optimizer.device \"cpu\""),
             std::string::npos)
       << e2;
-
 }
 
 }  // namespace

@@ -21,7 +21,8 @@ struct StandInLink::Job {
 // One direction: a queue and the thread that works through it in order.
 class StandInLink::Lane {
  public:
-  Lane(StandInLink& link, bool to_host) : link_(link), to_host_(to_host), thread_([this] { run(); }) {}
+  Lane(StandInLink& link, bool to_host)
+      : link_(link), to_host_(to_host), thread_([this] { run(); }) {}
   ~Lane() {
     {
       std::lock_guard<std::mutex> g(mu_);
@@ -54,10 +55,9 @@ class StandInLink::Lane {
       if (link_.o_.delay.count() > 0) std::this_thread::sleep_for(link_.o_.delay);
       const int64_t bytes = static_cast<int64_t>(job->src.nbytes());
       if (job->fail) {
-        job->done.set_exception(std::make_exception_ptr(
-            Error("the stand-in link's copy " + std::to_string(job->copy) + " (" +
-                  std::to_string(bytes) + " bytes " + (to_host_ ? "to host" : "to the device") +
-                  ") failed: injected")));
+        job->done.set_exception(std::make_exception_ptr(Error(
+            "the stand-in link's copy " + std::to_string(job->copy) + " (" + std::to_string(bytes) +
+            " bytes " + (to_host_ ? "to host" : "to the device") + ") failed: injected")));
         continue;
       }
       try {
@@ -139,8 +139,9 @@ offload::CopyHandle StandInLink::issue(bool to_host, const at::Tensor& dst, cons
   }
   const int64_t copy = job->copy;
   auto f = (to_host ? down_ : up_)->push(std::move(job));
-  return std::make_shared<StandInCopy>(
-      f, [this, to_host, copy, bytes] { log({Event::waited, to_host, copy, bytes}); });
+  return std::make_shared<StandInCopy>(f, [this, to_host, copy, bytes] {
+    log({Event::waited, to_host, copy, bytes});
+  });
 }
 
 void StandInLink::log(Event e) {
