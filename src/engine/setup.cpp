@@ -321,8 +321,9 @@ void EngineImpl::check_offload_devices() {
       if (!oo.pin_memory) {
         DSCPP_LOG_INFO(
             "zero_optimization.offload_optimizer.pin_memory false (DeepSpeed's default): the "
-            "gradients come down to pageable memory, which CUDA copies synchronously; true "
-            "page-locks them (and in fp32 the weights) and lets the copies overlap the step");
+            "gradients come down to pageable memory, which CUDA copies only once the GPU's "
+            "queued work is done, so they go down when the step begins; true page-locks them "
+            "(and in fp32 the weights) and lets the copies run beside backward and the step");
       }
     } else {
       DSCPP_LOG_INFO(

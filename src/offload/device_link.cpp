@@ -8,7 +8,12 @@
 // gradient going down and an updated parameter going up share the bus in both directions at
 // once. The copy's own event is what wait() synchronises on; the caching allocator is told that
 // the side stream uses the device tensor (recordStream), so memory freed on the main stream is
-// not handed out again while the copy still reads or writes it.
+// not handed out again while the copy still reads or writes it. The order with a gradient's
+// reduction rests on the reduction's wait and the reducer's scaling running on the calling
+// thread's current stream, which the event follows: a program that trains under a stream guard
+// of its own keeps that order as long as it issues backward() and step() on one stream. The side
+// streams come from c10's pool, which NCCL's streams come from too: sharing one would only
+// serialise work, never reorder it.
 #include "dscpp/device_link.h"
 
 #include <ATen/ATen.h>

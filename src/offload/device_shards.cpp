@@ -28,6 +28,7 @@ DeviceShards::DeviceShards(DeviceLink& link, std::vector<int64_t> numels, at::Sc
       total_(begin_.back()),
       dtype_(dtype),
       buffer_count_(std::max(1, buffer_count)),
+      pinned_(pinned),
       host_(link.host_empty(total_, dtype, pinned)) {}
 
 DeviceShards::DeviceShards(DeviceLink& link, std::unique_ptr<zero::ShardSwap> on_disk,
@@ -51,7 +52,9 @@ DeviceShards::~DeviceShards() {
 
 int64_t DeviceShards::buffer_bytes() const {
   int64_t b = disk_ ? disk_->buffer_bytes() : 0;
-  for (const auto& [i, a] : ahead_) b += static_cast<int64_t>(a.device.nbytes());
+  for (const auto& [i, a] : ahead_) {
+    if (a.device.defined()) b += static_cast<int64_t>(a.device.nbytes());  // on disk: not yet
+  }
   return b;
 }
 
@@ -78,6 +81,9 @@ void DeviceShards::wait(const CopyHandle& h) {
 bool DeviceShards::read_ahead(int i) {
   if (ahead_.count(i)) return true;
   if (static_cast<int>(ahead_.size()) >= buffer_count_) return false;
+  // From pageable memory CUDA copies only once the device's queued work is done: a copy ahead
+  // would stall the units computing, so the shard goes up when its gather asks for it.
+  if (!disk_ && !pinned_) return false;
   if (disk_) {
     if (!disk_->read_ahead(i)) return false;
     ahead_[i] = Ahead{};

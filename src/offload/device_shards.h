@@ -7,7 +7,8 @@
 //
 // NOTE [shards off the device]: in host memory a read ahead issues the shard's copy up at once,
 // `buffer_count` in flight at most, and take() waits for it; the copies run on the link's
-// host-to-device stream beside the units computing. On disk a read ahead starts the disk read
+// host-to-device stream beside the units computing. Without pin_memory nothing goes ahead: CUDA
+// copies pageable memory only once the device's queued work is done, which would stall it. On disk a read ahead starts the disk read
 // (the swap file's own read-ahead), and take() copies the shard up once it is in host memory.
 // What the step writes (ParamSink::put, front to back) and what set-up, loads and
 // GatheredParameters store go to host memory (or the swap file) and drop a shard gone up
@@ -66,7 +67,8 @@ class DeviceShards final : public zero::ShardSwap {
   int64_t total_;
   at::ScalarType dtype_;
   int buffer_count_;
-  at::Tensor host_;  // [total] in host memory (none on disk)
+  bool pinned_ = false;  // host_ page-locked: shards may go up ahead
+  at::Tensor host_;      // [total] in host memory (none on disk)
   std::map<int, Ahead> ahead_;
   zero::ShardSwapStats stats_;
 };

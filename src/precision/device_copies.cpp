@@ -31,13 +31,17 @@ DeviceCopies::DeviceCopies(offload::DeviceLink& link, at::ScalarType dtype, int6
       sub_group_size_(std::max<int64_t>(1, sub_group_size)),
       pin_(pin_memory),
       staged_(staged),
-      slots_(staged ? static_cast<size_t>(std::max(2, buffer_count)) : 0) {}
+      buffer_count_(std::max(2, buffer_count)) {}
 
 DeviceCopies::~DeviceCopies() { drain(); }
 
 void DeviceCopies::open(int64_t part_numel) {
   part_numel_ = part_numel;
   grads_ = link_.host_empty(part_numel, dtype_, pin_);
+  if (!staged_) return;
+  // Never more buffers than sub-groups (DeepSpeed's default sub_group_size makes one).
+  slots_.resize(
+      static_cast<size_t>(std::min<int64_t>(buffer_count_, std::max<int64_t>(1, sub_groups()))));
   const int64_t n = std::min(sub_group_size_, part_numel);
   for (auto& s : slots_) s.buffer = link_.host_empty(n, dtype_, /*pinned=*/true);
 }
@@ -120,6 +124,9 @@ void DeviceCopies::send_up(int64_t k, const at::Tensor& dst_device, const at::Te
 }
 
 void DeviceCopies::finish_step() {
+  for (auto& group : down_) {  // a publish between a backward and its step waits for them too
+    for (auto& h : group) wait_quietly(h);
+  }
   for (auto& s : slots_) {
     for (auto& h : s.up) wait(h);
     s.up.clear();

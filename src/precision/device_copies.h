@@ -34,6 +34,10 @@ class DeviceCopies {
   // Allocates the gradients' host buffer [part_numel] (and the up buffers).
   void open(int64_t part_numel);
   int64_t sub_group_size() const { return sub_group_size_; }
+  // Whether pieces may go down during backward (piece_final): with pageable memory CUDA would
+  // copy each only once the device's queued work is done, stalling backward at every bucket, so
+  // then everything goes down when the step begins.
+  bool takes_pieces() const { return pin_; }
 
   // Elements [pos, pos + grads.numel()) of the part's gradient are final: they go down now.
   void piece_final(int64_t pos, const at::Tensor& grads);
@@ -80,9 +84,10 @@ class DeviceCopies {
   at::ScalarType dtype_;
   int64_t sub_group_size_;
   bool pin_, staged_;
+  int buffer_count_;
   int64_t part_numel_ = 0;
   at::Tensor grads_;  // [part_numel] training dtype, host
-  std::vector<Slot> slots_;
+  std::vector<Slot> slots_;  // min(buffer_count, sub-groups), at least 2 (or 1 sub-group)
   std::vector<offload::CopyHandle> up_;                 // unstaged copies up in flight
   std::vector<std::vector<offload::CopyHandle>> down_;  // [sub-group] its copies down in flight
   std::map<int64_t, int64_t> issued_;                   // ranges [begin, end) gone down

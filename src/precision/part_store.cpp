@@ -168,6 +168,7 @@ class SwapStore final : public PartStore {
         // A model on a device: its parameters are out of the step's reach, so the values are in
         // the swap file even in fp32.
         with_values_(o.dtype != at::kFloat || o.params_on_disk || o.link),
+        sub_group_size_(o.sub_group_size),
         fp32_grads_(o.sub_group_size) {
     if (o.link) {  // NOTE [host step], with the swap file's sub-groups
       copies_ = std::make_unique<DeviceCopies>(*o.link, o.dtype, o.sub_group_size, o.pin_memory,
@@ -177,6 +178,8 @@ class SwapStore final : public PartStore {
   zero::PartTap open(int64_t part_numel) override {
     swapper_ = make_swapper_(part_numel, with_values_);
     if (copies_) copies_->open(part_numel);
+    // The fp32 gradients' buffer never longer than the part (the default sub_group_size is 1e9).
+    fp32_grads_ = Fp32Grads(std::max<int64_t>(1, std::min(sub_group_size_, part_numel)));
     if (!with_values_) return nullptr;
     return [s = swapper_.get()](int64_t off, const at::Tensor& v) { s->write(0, off, v); };
   }
@@ -185,7 +188,7 @@ class SwapStore final : public PartStore {
   }
   bool steps_on_host() const override { return copies_ != nullptr; }
   bool can_fail_midway() const override { return true; }
-  bool takes_final_pieces() const override { return copies_ != nullptr; }
+  bool takes_final_pieces() const override { return copies_ && copies_->takes_pieces(); }
   void gradient_piece_final(int64_t pos, const at::Tensor& grads) override {
     copies_->piece_final(pos, grads);
   }
@@ -299,6 +302,7 @@ class SwapStore final : public PartStore {
 
   SwapperFactory make_swapper_;
   bool with_values_;
+  int64_t sub_group_size_;
   std::unique_ptr<DeviceCopies> copies_;  // a model on a device
   std::unique_ptr<offload::OptimizerSwapper> swapper_;
   Fp32Grads fp32_grads_;
@@ -338,6 +342,7 @@ class HostStore final : public PartStore {
     values_ = link_.host_empty(part_numel, at::kFloat, pin_ && dtype_ == at::kFloat);
     values_.zero_();  // elements no parameter covers (padding) stay zero
     copies_.open(part_numel);
+    fp32_grads_ = Fp32Grads(std::max<int64_t>(1, std::min(copies_.sub_group_size(), part_numel)));
     return [this](int64_t off, const at::Tensor& v) {
       at::NoGradGuard no_grad;
       values_.narrow(0, off, v.numel()).copy_(v.reshape({-1}));
@@ -345,7 +350,7 @@ class HostStore final : public PartStore {
   }
   bool steps_on_host() const override { return true; }
   bool can_fail_midway() const override { return true; }
-  bool takes_final_pieces() const override { return true; }
+  bool takes_final_pieces() const override { return copies_.takes_pieces(); }
   void gradient_piece_final(int64_t pos, const at::Tensor& grads) override {
     copies_.piece_final(pos, grads);
   }
@@ -400,12 +405,14 @@ class HostStore final : public PartStore {
 
   void publish(const std::vector<zero::Part>& parts) override {
     try {
+      int64_t k_prev = -1;
       auto publish_piece = [&](int64_t k, const zero::Part& part, int64_t lo, int64_t n) {
         at::Tensor w = values_.narrow(0, lo, n);
         if (part.sink) return part.store(lo - part.offset, w);
         at::Tensor up = w;
         if (dtype_ != at::kFloat) {
-          copies_.begin_sub_group(k);
+          if (k != k_prev) copies_.begin_sub_group(k);
+          k_prev = k;
           up = copies_.up_buffer(k, lo, n);
           up.copy_(w);
         }
