@@ -27,8 +27,8 @@ struct NetworkOptions {
   double gbit = 0;  // 0: no step-time section
   double latency_ms = 0;
   double shm_gbyte = 4;
-  double compute_s = 0;      // 0: from --rank_gflops
-  double rank_gflops = 45;   // this machine, 4 ranks on 2 cores (docs/benchmarks.md)
+  double compute_s = 0;     // 0: from --rank_gflops
+  double rank_gflops = 45;  // this machine, 4 ranks on 2 cores (docs/benchmarks.md)
   double overlap = 0.49;
   std::vector<int> scaling;  // host counts for the scaling table
 };
@@ -123,7 +123,8 @@ void print_step_times(const models::GPTConfig* gpt, int64_t params, const Config
     const engine::StepTime t = engine::model_step(v.cluster, v.work);
     std::cout << fmt::format("| {} | {:.1f} | {:.2f} | {:.2f} | {} |\n", v.name,
                              t.between_hosts() * cluster.hosts / 1048576.0, t.exposed_comm_s,
-                             t.step_s, v.work.stage == 3 ? std::to_string(t.units_regathered) : "-");
+                             t.step_s,
+                             v.work.stage == 3 ? std::to_string(t.units_regathered) : "-");
   }
   if (net.scaling.empty()) return;
   const std::vector<int>& hosts = net.scaling;
@@ -233,16 +234,18 @@ int estimate_main(int argc, char** argv) {
                  "|---|---|---|---|---|---|---|---|---|---|---|\n";
     for (const engine::Estimate& e : engine::estimate_all(in, config)) {
       const int64_t host = e.memory() * per_host;
-      std::cout << fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-                               e.describe(), gib(e.params), gib(e.grads), gib(e.master),
-                               gib(e.optimizer_state), gib(e.live_unit), gib(e.swap_buffers),
-                               gib(e.memory()), gib(host), gib(e.disk + e.param_disk),
-                               host <= avail ? "yes" : "no");
+      std::cout << fmt::format(
+          "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", e.describe(), gib(e.params),
+          gib(e.grads), gib(e.master), gib(e.optimizer_state), gib(e.live_unit),
+          gib(e.swap_buffers), gib(e.memory()), gib(host),
+          gib(e.disk + e.param_disk + e.spill_disk), host <= avail ? "yes" : "no");
     }
     std::cout << "\n(GiB. Model states only: activations, communication buffers and the program "
                  "itself come on top. Stage 3 adds the largest unit gathered whole; offload adds "
                  "the swap pipeline's buffers, 3 sub-groups at most, and with the parameters on "
-                 "nvme the unit shards read ahead, offload_param.buffer_count + 2 at most.)\n";
+                 "nvme the unit shards read ahead, offload_param.buffer_count + 2 at most. Disk: "
+                 "the swap files, with the parameters on nvme also zero::Init's spill file of the "
+                 "fp32 shards during set-up, 4 bytes per element of the part.)\n";
   } else {
     // A model on GPUs: "cpu" offload moves bytes into host memory, a tier of its own.
     const auto gpu = static_cast<int64_t>(gpu_gb * double(int64_t{1} << 30));
@@ -256,8 +259,9 @@ int estimate_main(int argc, char** argv) {
       std::cout << fmt::format(
           "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", e.describe(),
           gib(e.params), gib(e.grads), gib(e.master), gib(e.optimizer_state), gib(e.live_unit),
-          gib(e.swap_buffers), gib(e.gpu()), gib(e.host()), gib(host), gib(e.disk + e.param_disk),
-          e.gpu() <= gpu ? "yes" : "no", host <= avail ? "yes" : "no");
+          gib(e.swap_buffers), gib(e.gpu()), gib(e.host()), gib(host),
+          gib(e.disk + e.param_disk + e.spill_disk), e.gpu() <= gpu ? "yes" : "no",
+          host <= avail ? "yes" : "no");
     }
     std::cout << "\n(GiB. Model states only: activations, communication buffers and the program "
                  "itself come on top, on the GPU. With the optimizer on cpu its fp32 weights, "
@@ -269,8 +273,7 @@ int estimate_main(int argc, char** argv) {
     DSCPP_CHECK(num_procs % num_nodes == 0, ConfigError, "--num_procs ", num_procs,
                 " is not a multiple of --num_nodes ", num_nodes,
                 ": the step-time model takes hosts of equal size");
-    print_step_times(model == "gpt" ? &gpt : nullptr, in.params, config, num_procs, num_nodes,
-                     net);
+    print_step_times(model == "gpt" ? &gpt : nullptr, in.params, config, num_procs, num_nodes, net);
   }
   return 0;
 }

@@ -62,6 +62,7 @@ Estimate estimate(const EstimateInput& in, const Config& c, int stage,
     const int64_t kept = std::min(part, op.max_in_cpu);
     e.params = kept * b;
     e.param_disk = (part - kept) * b;
+    e.spill_disk = part * 4;  // every unit's fp32 shard, until the engine has adopted it
     if (shard > 0) {
       const int64_t units = (part - kept + shard - 1) / shard;
       e.param_disk = units * static_cast<int64_t>(io::align_up(shard * b));
@@ -292,6 +293,8 @@ void check_fits(const EstimateInput& in, const Config& config, int64_t held, int
   const std::string odir = z.offload_optimizer.nvme_path.value_or("");
   const std::string pdir = z.offload_param.nvme_path.value_or("");
   const bool together = e.disk > 0 && e.param_disk > 0 && odir == pdir;
+  // zero::Init's spill file lives beside the parameters' swap file during set-up.
+  const int64_t param_folder = e.param_disk + e.spill_disk;
   auto check_disk = [&](int64_t bytes, const std::string& dir, const std::string& what,
                         const char* key) {
     struct statvfs fs {};
@@ -304,11 +307,13 @@ void check_fits(const EstimateInput& in, const Config& config, int64_t held, int
                 " at a larger disk, or add ranks on other hosts");
   };
   if (together) {
-    check_disk(e.disk + e.param_disk, odir, "the optimizer's and the parameters' swap files",
+    check_disk(e.disk + param_folder, odir,
+               "the optimizer's and the parameters' swap files (with zero::Init's spill file)",
                "nvme_path");
   } else {
     check_disk(e.disk, odir, "the optimizer's swap files", "offload_optimizer.nvme_path");
-    check_disk(e.param_disk, pdir, "the parameters' swap files", "offload_param.nvme_path");
+    check_disk(param_folder, pdir, "the parameters' swap files (with zero::Init's spill file)",
+               "offload_param.nvme_path");
   }
 }
 

@@ -33,6 +33,8 @@ struct Estimate {
   int64_t swap_buffers = 0;  // offload: the swap pipelines' and the copies' buffers
   int64_t disk = 0;          // offload_optimizer: its swap file
   int64_t param_disk = 0;    // offload_param: its swap file
+  int64_t spill_disk = 0;    // offload_param nvme: zero::Init's spill file during set-up
+                             // (NOTE [spilled shards]), in the same folder, beside the swap files
   // Of memory(), the bytes in host memory while the model is on a GPU (what "cpu" offload moved
   // there, and the swap files' buffers).
   int64_t host_part = 0;

@@ -1,9 +1,14 @@
 // zero::Init and zero::built (include/dscpp/zero.h): a model built already sharded, and the
 // registry of its units waiting for the engine (presharded.h).
 #include <ATen/ATen.h>
+#include <fcntl.h>
+#include <fmt/format.h>
 #include <torch/nn/module.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -19,12 +24,68 @@
 
 namespace dscpp::zero {
 
+// NOTE [spilled shards] (presharded.h): an unlinked file that units' fp32 shards are appended
+// to and read back from, plain pread/pwrite (each range is written once and read once; the
+// written pages are dropped from the page cache so they do not stay in memory either).
+class ShardSpill {
+ public:
+  explicit ShardSpill(std::string path) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    DSCPP_CHECK(fd_ >= 0, IoError, "zero::Init cannot create its spill file '", path_,
+                "' (offload_param.nvme_path): ", std::strerror(errno),
+                ". HINT: point offload_param.nvme_path at a writable folder on every host");
+    ::unlink(path_.c_str());  // a killed run leaves nothing behind
+  }
+  ~ShardSpill() { ::close(fd_); }
+  ShardSpill(const ShardSpill&) = delete;
+  ShardSpill& operator=(const ShardSpill&) = delete;
+
+  // Appends fp32 `values` (contiguous, CPU); returns where they start.
+  int64_t write(const at::Tensor& values) {
+    const int64_t at = end_;
+    transfer(/*write=*/true, values.data_ptr(), values.nbytes(), at);
+    ::posix_fadvise(fd_, at, static_cast<off_t>(values.nbytes()), POSIX_FADV_DONTNEED);
+    end_ += static_cast<int64_t>(values.nbytes());
+    return at;
+  }
+  at::Tensor read(int64_t at, int64_t n) const {
+    at::Tensor out = at::empty({n}, at::kFloat);
+    const_cast<ShardSpill*>(this)->transfer(/*write=*/false, out.data_ptr(), out.nbytes(), at);
+    ::posix_fadvise(fd_, at, static_cast<off_t>(out.nbytes()), POSIX_FADV_DONTNEED);
+    return out;
+  }
+
+ private:
+  void transfer(bool write, void* data, size_t bytes, int64_t at) {
+    auto* p = static_cast<char*>(data);
+    while (bytes > 0) {
+      const ssize_t n = write ? ::pwrite(fd_, p, bytes, at) : ::pread(fd_, p, bytes, at);
+      if (n < 0 && errno == EINTR) continue;
+      DSCPP_CHECK(n > 0, IoError, "zero::Init's spill file '", path_,
+                  "': ", write ? "writing " : "reading ", bytes, " bytes at ", at,
+                  " failed: ", n < 0 ? std::strerror(errno) : "end of file");
+      p += n;
+      at += n;
+      bytes -= static_cast<size_t>(n);
+    }
+  }
+  std::string path_;
+  int fd_ = -1;
+  int64_t end_ = 0;
+};
+
 struct Init::State {
   std::shared_ptr<comm::Communicator> comm;
   UnitPolicy units;
   int64_t persistence_threshold = 0;
   c10::Device device = c10::Device(c10::kCPU);
+  std::shared_ptr<ShardSpill> spill;  // offload_param nvme
 };
+
+at::Tensor PreSharded::fp32() const {
+  if (fp32_shard.defined()) return fp32_shard;
+  return spill->read(spill_offset, layout.shard);
+}
 
 namespace {
 
@@ -57,6 +118,12 @@ Init::Init(std::shared_ptr<comm::Communicator> comm, UnitPolicy units, const Con
   state_->units = std::move(units);
   state_->persistence_threshold = config.zero_optimization.stage3_param_persistence_threshold;
   state_->device = device;
+  const auto& op = config.zero_optimization.offload_param;
+  if (config.zero_optimization.stage == 3 && op.device == "nvme" && op.nvme_path) {
+    // NOTE [spilled shards]
+    state_->spill = std::make_shared<ShardSpill>(fmt::format(
+        "{}/dscpp_init_rank{}_pid{}.swp", *op.nvme_path, state_->comm->rank(), ::getpid()));
+  }
   current_scope = state_.get();
 }
 
@@ -103,7 +170,12 @@ void built(torch::nn::Module& module, const std::string& path) {
     p.set_data(storage.full.narrow(0, off, n).view(p.sizes()));
   }
   ParamFetcher::swap_out(storage);
-  return_freed_memory();  // the unit's full parameters
+  if (st->spill) {  // NOTE [spilled shards]
+    ps.spill_offset = st->spill->write(ps.fp32_shard.to(at::kCPU).contiguous());
+    ps.spill = st->spill;
+    ps.fp32_shard = at::Tensor();
+  }
+  return_freed_memory();  // the unit's full parameters (and its shard, when spilled)
   ps.params = std::move(params);
   Registry& r = registry();
   std::lock_guard<std::mutex> g(r.mu);
@@ -126,6 +198,16 @@ std::optional<PreSharded> take_presharded(const torch::nn::Module& module) {
     if (!now.count(p.unsafeGetTensorImpl())) return std::nullopt;
   }
   return ps;
+}
+
+int64_t presharded_bytes_in_memory() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> g(r.mu);
+  int64_t bytes = 0;
+  for (const auto& [module, ps] : r.units) {
+    if (ps.fp32_shard.defined()) bytes += static_cast<int64_t>(ps.fp32_shard.nbytes());
+  }
+  return bytes;
 }
 
 bool is_presharded(const at::Tensor& param) {

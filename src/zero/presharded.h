@@ -4,6 +4,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,12 +17,29 @@ class Module;
 
 namespace dscpp::zero {
 
+// NOTE [spilled shards]: with offload_param nvme, zero::Init writes each unit's fp32 shard to a
+// spill file in offload_param.nvme_path as soon as the unit is built (unlinked at once, like the
+// swap files), so set-up holds one unit's values at a time instead of the rank's fp32 shard of
+// the whole model; the engine reads each back as it adopts the unit (into the optimizer's and
+// the parameters' swap files), and the file goes with the last unit taken. Same values, same
+// order: the model trains bit for bit as one whose shards stayed in memory.
+class ShardSpill;
+
 struct PreSharded {
   std::string path;
   std::vector<at::Tensor> params;  // its sharded parameters: views of an empty storage
   FlatLayout layout;               // over `params`, for the world size of the scope
-  at::Tensor fp32_shard;           // [layout.shard] this rank's values, rank 0's originally
+  at::Tensor fp32_shard;           // [layout.shard] this rank's values, rank 0's originally;
+                                   // undefined when spilled
+  std::shared_ptr<ShardSpill> spill;
+  int64_t spill_offset = 0;  // bytes into the spill file
+  // This rank's fp32 values [layout.shard]: in memory, or read back from the spill file (on the
+  // CPU). Throws IoError naming the file when the read fails.
+  at::Tensor fp32() const;
 };
+
+// Bytes of fp32 shards zero::Init holds in memory for units not yet adopted (0 when spilled).
+int64_t presharded_bytes_in_memory();
 
 // The shards zero::Init made of `module`, removed from the registry; nullopt when there are none
 // (or only stale ones of a module that no longer holds those parameters).

@@ -206,8 +206,9 @@ void Stage3::shard_units(const std::vector<NamedParams>& sharded, int64_t in_mem
                     pre->params.size(), " parameters there, ", sharded[u].params.size(),
                     " here). HINT: give zero::Init the config and world "
                     "size the engine gets");
-        unit.storage.shard.copy_(pre->fp32_shard);
-        if (tap) tap(unit.part_offset, pre->fp32_shard);
+        const at::Tensor fp32 = pre->fp32();  // NOTE [spilled shards]: read back if spilled
+        unit.storage.shard.copy_(fp32);
+        if (tap) tap(unit.part_offset, fp32);
       }
       for (size_t i = 0; i < sharded[u].params.size(); ++i) {
         at::Tensor p = sharded[u].params[i];

@@ -32,6 +32,7 @@
 #include "support/stand_in_link.h"
 #include "support/temp_dir.h"
 #include "support/thread_ranks.h"
+#include "zero/presharded.h"
 #include "zero/unit_functions.h"
 #include "zero/unit_policy.h"
 
@@ -1052,37 +1053,53 @@ models::GPTConfig small_gpt() {
 
 // zero::Init builds the GPT already sharded: every unit's large parameters hold no memory once
 // the constructor returns, and after initialize() the model is the one a normal build makes.
+// With offload_param nvme the units' fp32 shards wait in an (unlinked) spill file, not in memory
+// (NOTE [spilled shards]), and the model is the same.
 TEST(EngineZero3, InitBuildsTheModelShardedWithTheSameValues) {
+  testing::TempDir dir;
   const models::GPTConfig gc = small_gpt();
-  const std::string cfg =
-      config_json(4, 2, kAdamW + zero3(", \"stage3_param_persistence_threshold\": 100"));
-  models::GPT reference(gc, 11);
-  std::vector<at::Tensor> got(2);
-  auto errors = run_thread_ranks(2, [&](Communicator& c) {
-    auto comm = std::shared_ptr<Communicator>(&c, [](Communicator*) {});
-    models::GPT model(nullptr);
-    {
-      zero::Init init(comm, models::GPTImpl::zero_units(), Config::parse(cfg));
-      model = models::GPT(gc, 11);
-    }
-    for (const auto& item : model->named_parameters()) {
-      const bool sharded = item.value().numel() >= 100 && item.key().rfind("wpe", 0) != 0 &&
-                           item.key().rfind("ln_f", 0) != 0;
-      EXPECT_EQ(item.value().storage().nbytes() == 0, sharded) << item.key();
-    }
-    InitOptions opts = borrowed(c);
-    opts.zero_units = models::GPTImpl::zero_units();
-    auto engine = initialize(model.ptr(), cfg, opts);
-    zero::GatheredParameters whole(*model);
+  const std::string nvme = "{\"device\": \"nvme\", \"nvme_path\": \"" + dir.path() + "\"";
+  for (const bool spilled : {false, true}) {
+    const std::string cfg = config_json(
+        4, 2,
+        kAdamW + zero3(", \"stage3_param_persistence_threshold\": 100" +
+                       (spilled ? ", \"offload_optimizer\": " + nvme +
+                                      "}, \"offload_param\": " + nvme + ", \"max_in_cpu\": 0}"
+                                : std::string())));
+    models::GPT reference(gc, 11);
+    std::vector<at::Tensor> got(2);
+    auto errors = run_thread_ranks(2, [&](Communicator& c) {
+      auto comm = std::shared_ptr<Communicator>(&c, [](Communicator*) {});
+      models::GPT model(nullptr);
+      {
+        zero::Init init(comm, models::GPTImpl::zero_units(), Config::parse(cfg));
+        model = models::GPT(gc, 11);
+      }
+      if (spilled) {
+        EXPECT_EQ(zero::presharded_bytes_in_memory(), 0);
+        EXPECT_TRUE(dir.entries().empty()) << "the spill file is unlinked while open";
+      } else {
+        EXPECT_GT(zero::presharded_bytes_in_memory(), 0);
+      }
+      for (const auto& item : model->named_parameters()) {
+        const bool sharded = item.value().numel() >= 100 && item.key().rfind("wpe", 0) != 0 &&
+                             item.key().rfind("ln_f", 0) != 0;
+        EXPECT_EQ(item.value().storage().nbytes() == 0, sharded) << item.key();
+      }
+      InitOptions opts = borrowed(c);
+      opts.zero_units = models::GPTImpl::zero_units();
+      auto engine = initialize(model.ptr(), cfg, opts);
+      zero::GatheredParameters whole(*model);
+      std::vector<at::Tensor> flat;
+      for (auto& p : model->parameters()) flat.push_back(p.detach().reshape({-1}).clone());
+      got[c.rank()] = at::cat(flat);
+    });
+    for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
     std::vector<at::Tensor> flat;
-    for (auto& p : model->parameters()) flat.push_back(p.detach().reshape({-1}).clone());
-    got[c.rank()] = at::cat(flat);
-  });
-  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
-  std::vector<at::Tensor> flat;
-  for (auto& p : reference->parameters()) flat.push_back(p.detach().reshape({-1}));
-  EXPECT_TRUE(at::equal(got[0], at::cat(flat)));
-  EXPECT_TRUE(at::equal(got[1], got[0]));
+    for (auto& p : reference->parameters()) flat.push_back(p.detach().reshape({-1}));
+    EXPECT_TRUE(at::equal(got[0], at::cat(flat))) << "spilled " << spilled;
+    EXPECT_TRUE(at::equal(got[1], got[0])) << "spilled " << spilled;
+  }
 }
 
 // A model zero::Init sharded needs stage 3 and the same unit policy.
