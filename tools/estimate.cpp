@@ -238,14 +238,15 @@ int estimate_main(int argc, char** argv) {
           "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", e.describe(), gib(e.params),
           gib(e.grads), gib(e.master), gib(e.optimizer_state), gib(e.live_unit),
           gib(e.swap_buffers), gib(e.memory()), gib(host),
-          gib(e.disk + e.param_disk + e.spill_disk), host <= avail ? "yes" : "no");
+          gib(e.peak_disk()), host <= avail ? "yes" : "no");
     }
     std::cout << "\n(GiB. Model states only: activations, communication buffers and the program "
                  "itself come on top. Stage 3 adds the largest unit gathered whole; offload adds "
                  "the swap pipeline's buffers, 3 sub-groups at most, and with the parameters on "
                  "nvme the unit shards read ahead, offload_param.buffer_count + 2 at most. Disk: "
-                 "the swap files, with the parameters on nvme also zero::Init's spill file of the "
-                 "fp32 shards during set-up, 4 bytes per element of the part.)\n";
+                 "the swap files at their largest; with the parameters on nvme zero::Init's spill "
+                 "of the fp32 shards (4 bytes per element of the part) empties during set-up as "
+                 "the optimizer's file fills, in one folder.)\n";
   } else {
     // A model on GPUs: "cpu" offload moves bytes into host memory, a tier of its own.
     const auto gpu = static_cast<int64_t>(gpu_gb * double(int64_t{1} << 30));
@@ -260,7 +261,7 @@ int estimate_main(int argc, char** argv) {
           "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", e.describe(),
           gib(e.params), gib(e.grads), gib(e.master), gib(e.optimizer_state), gib(e.live_unit),
           gib(e.swap_buffers), gib(e.gpu()), gib(e.host()), gib(host),
-          gib(e.disk + e.param_disk + e.spill_disk), e.gpu() <= gpu ? "yes" : "no",
+          gib(e.peak_disk()), e.gpu() <= gpu ? "yes" : "no",
           host <= avail ? "yes" : "no");
     }
     std::cout << "\n(GiB. Model states only: activations, communication buffers and the program "

@@ -293,8 +293,10 @@ void check_fits(const EstimateInput& in, const Config& config, int64_t held, int
   const std::string odir = z.offload_optimizer.nvme_path.value_or("");
   const std::string pdir = z.offload_param.nvme_path.value_or("");
   const bool together = e.disk > 0 && e.param_disk > 0 && odir == pdir;
-  // zero::Init's spill file lives beside the parameters' swap file during set-up.
+  // zero::Init's spill file lives beside the parameters' swap file during set-up; in the
+  // optimizer's folder it empties as that file fills (NOTE [spilled shards]).
   const int64_t param_folder = e.param_disk + e.spill_disk;
+  const int64_t one_folder = e.param_disk + std::max(e.disk, e.spill_disk);
   auto check_disk = [&](int64_t bytes, const std::string& dir, const std::string& what,
                         const char* key) {
     struct statvfs fs {};
@@ -307,7 +309,7 @@ void check_fits(const EstimateInput& in, const Config& config, int64_t held, int
                 " at a larger disk, or add ranks on other hosts");
   };
   if (together) {
-    check_disk(e.disk + param_folder, odir,
+    check_disk(one_folder, odir,
                "the optimizer's and the parameters' swap files (with zero::Init's spill file)",
                "nvme_path");
   } else {

@@ -6,6 +6,7 @@
 // size and buffer count; tests/engine/estimate_test.cpp holds them against Engine::memory_stats().
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -34,7 +35,9 @@ struct Estimate {
   int64_t disk = 0;          // offload_optimizer: its swap file
   int64_t param_disk = 0;    // offload_param: its swap file
   int64_t spill_disk = 0;    // offload_param nvme: zero::Init's spill file during set-up
-                             // (NOTE [spilled shards]), in the same folder, beside the swap files
+                             // (NOTE [spilled shards]); it empties as the optimizer's file fills
+  // The most disk the swap files (and the spill) take at once, in one folder.
+  int64_t peak_disk() const { return param_disk + std::max(disk, spill_disk); }
   // Of memory(), the bytes in host memory while the model is on a GPU (what "cpu" offload moved
   // there, and the swap files' buffers).
   int64_t host_part = 0;

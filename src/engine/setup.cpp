@@ -491,7 +491,11 @@ void EngineImpl::build_strategy() {
   }
   strategy_ = zero::make_strategy(*model_, std::move(np), layout, *comm_, so, s3,
                                   [this](int64_t part_numel) { return store_->open(part_numel); });
-  store_->flush();
+  // The end of set-up's writes (a swap file reserves what set-up did not write yet: a full disk
+  // fails here, on every rank).
+  on_every_rank(
+      "reserving the optimizer's swap file", [this] { store_->flush(); },
+      /*checkpoint_error=*/false);
   strategy_->set_before_values_change([this] { release_live_state(); });
   if (store_->takes_final_pieces()) {  // a part's offsets are its gradient shard's positions
     strategy_->reducer().set_on_final_piece(
@@ -557,6 +561,10 @@ std::unique_ptr<offload::OptimizerSwapper> EngineImpl::build_swapper(int64_t par
   so.buffer_count = static_cast<int>(std::min<int64_t>(oo.buffer_count, 3));
   so.pipeline_read = oo.pipeline_read;
   so.pipeline_write = oo.pipeline_write;
+  // With the parameters on nvme, zero::Init's spill file (NOTE [spilled shards]) empties as set-up
+  // fills this file: its blocks are reserved as they are written, all of them at set-up's end.
+  const auto& zc = config_.zero_optimization;
+  so.reserve_in_setup = zc.stage == 3 && zc.offload_param.device == "nvme";
   std::unique_ptr<offload::OptimizerSwapper> swapper;
   on_every_rank(
       "preparing the optimizer's swap file in offload_optimizer.nvme_path",

@@ -36,9 +36,10 @@ OptimizerSwapper::OptimizerSwapper(io::AsyncIo& io, SwapperOptions options)
   written_.assign(begin_.size(), false);
   file_ = io.open(o_.path);
   // The file lives as long as it is open (NOTE [swap file layout]); its blocks are reserved now,
-  // so a disk too small fails here rather than in the middle of training.
+  // so a disk too small fails here rather than in the middle of training; or, with
+  // reserve_in_setup, as set-up writes the sub-groups in order and wholly at its first flush().
   std::remove(o_.path.c_str());
-  file_->reserve(static_cast<uint64_t>(file_bytes_));
+  if (!o_.reserve_in_setup) reserve_to(static_cast<uint64_t>(file_bytes_));
   const int wanted = 1 + (o_.pipeline_read ? 1 : 0) + (o_.pipeline_write ? 1 : 0);
   const int64_t n = std::min<int64_t>({std::max(o_.buffer_count, 1), wanted, sub_groups()});
   for (int64_t i = 0; i < n; ++i) slots_.emplace_back(bytes_of(0));
@@ -111,6 +112,7 @@ void OptimizerSwapper::for_each_sub_group(const SubGroupFn& fn) {
       const auto t_step = Clock::now();
       fn(begin_[k], length(k), views(buffer(k), k));
       stats_.step_seconds += seconds_since(t_step);
+      reserve_to(offset_of(k) + bytes_of(k));
       writes[k] = file_->write(offset_of(k), buffer(k), bytes_of(k));
       written_[k] = true;
       stats_.bytes_written += static_cast<int64_t>(bytes_of(k));
@@ -151,6 +153,7 @@ void OptimizerSwapper::seek(int64_t k) {
 void OptimizerSwapper::write_back_cursor() {
   if (cursor_k_ >= 0 && cursor_dirty_) {
     stats_.bytes_written += static_cast<int64_t>(bytes_of(cursor_k_));
+    reserve_to(offset_of(cursor_k_) + bytes_of(cursor_k_));
     wait(file_->write(offset_of(cursor_k_), cursor_.data(), bytes_of(cursor_k_)));
     written_[cursor_k_] = true;
   }
@@ -161,6 +164,13 @@ void OptimizerSwapper::flush() {
   write_back_cursor();
   cursor_ = io::AlignedBuffer();
   cursor_k_ = -1;
+  reserve_to(static_cast<uint64_t>(file_bytes_));  // set-up is over: every block from now on
+}
+
+void OptimizerSwapper::reserve_to(uint64_t end) {
+  if (end <= reserved_) return;
+  file_->reserve(end);
+  reserved_ = end;
 }
 
 void OptimizerSwapper::write(int t, int64_t offset, const at::Tensor& values) {

@@ -34,6 +34,10 @@ struct SwapperOptions {
   int buffer_count = 3;            // sub-group buffers of the pipeline (1..3 are used)
   bool pipeline_read = true;       // read k+1 while k steps
   bool pipeline_write = true;      // write k-1 back while k steps
+  // Reserve the file's blocks as set-up writes the sub-groups (in order) and all of them at the
+  // first flush(), instead of at once: zero::Init's spill file (NOTE [spilled shards]) shrinks
+  // meanwhile, so the disk never holds both whole.
+  bool reserve_in_setup = false;
 };
 
 // What the swap did since the last take_stats().
@@ -68,7 +72,8 @@ class OptimizerSwapper {
   // flush() is called): start-up (the master weights) and checkpoints.
   void write(int t, int64_t offset, const at::Tensor& values);
   void read(int t, int64_t offset, const at::Tensor& values);
-  // Writes the cursor's sub-group back if changed and frees the cursor's buffer.
+  // Writes the cursor's sub-group back if changed and frees the cursor's buffer (the first one
+  // ends set-up: with reserve_in_setup the whole file is reserved then).
   void flush();
 
   SwapStats take_stats();
@@ -87,6 +92,8 @@ class OptimizerSwapper {
   void write_back_cursor();
   // Waits for h (if any), counting the time blocked.
   void wait(const io::IoHandle& h);
+  // Reserves the file's blocks up to byte `end` (once).
+  void reserve_to(uint64_t end);
 
   SwapperOptions o_;
   std::unique_ptr<io::AsyncFile> file_;
@@ -94,6 +101,7 @@ class OptimizerSwapper {
   std::vector<int64_t> start_;  // [sub-groups] byte offset in the file
   std::vector<bool> written_;   // [sub-groups] ever written
   int64_t file_bytes_ = 0;
+  uint64_t reserved_ = 0;  // bytes of the file reserved so far
   std::vector<io::AlignedBuffer> slots_;
   io::AlignedBuffer cursor_;
   int64_t cursor_k_ = -1;

@@ -48,10 +48,14 @@ class ShardSpill {
     end_ += static_cast<int64_t>(values.nbytes());
     return at;
   }
+  // Reads n fp32 values back from `at` and frees their blocks (each range is read once: the
+  // spill shrinks as the engine's swap files grow).
   at::Tensor read(int64_t at, int64_t n) const {
     at::Tensor out = at::empty({n}, at::kFloat);
     const_cast<ShardSpill*>(this)->transfer(/*write=*/false, out.data_ptr(), out.nbytes(), at);
-    ::posix_fadvise(fd_, at, static_cast<off_t>(out.nbytes()), POSIX_FADV_DONTNEED);
+    // A file system without hole punching keeps the blocks until the file closes.
+    ::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, at,
+                static_cast<off_t>(out.nbytes()));
     return out;
   }
 

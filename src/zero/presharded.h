@@ -22,7 +22,10 @@ namespace dscpp::zero {
 // swap files), so set-up holds one unit's values at a time instead of the rank's fp32 shard of
 // the whole model; the engine reads each back as it adopts the unit (into the optimizer's and
 // the parameters' swap files), and the file goes with the last unit taken. Same values, same
-// order: the model trains bit for bit as one whose shards stayed in memory.
+// order: the model trains bit for bit as one whose shards stayed in memory. Each range read back
+// is freed (a punched hole) while the optimizer's swap file reserves its blocks as set-up writes
+// them (SwapperOptions::reserve_in_setup), so the disk holds about the swap files' final size,
+// never both files whole.
 class ShardSpill;
 
 struct PreSharded {

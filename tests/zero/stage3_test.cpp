@@ -14,6 +14,7 @@
 #include <torch/nn/modules/normalization.h>
 
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -1075,6 +1076,17 @@ TEST(EngineZero3, InitBuildsTheModelShardedWithTheSameValues) {
         zero::Init init(comm, models::GPTImpl::zero_units(), Config::parse(cfg));
         model = models::GPT(gc, 11);
       }
+      // Whether this rank's spill file is open (unlinked: only /proc/self/fd still names it).
+      auto spill_open = [&] {
+        const std::string name = "dscpp_init_rank" + std::to_string(c.rank()) + "_";
+        for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+          std::error_code ec;
+          if (std::filesystem::read_symlink(e.path(), ec).string().find(name) != std::string::npos)
+            return true;
+        }
+        return false;
+      };
+      EXPECT_EQ(spill_open(), spilled);
       if (spilled) {
         EXPECT_EQ(zero::presharded_bytes_in_memory(), 0);
         EXPECT_TRUE(dir.entries().empty()) << "the spill file is unlinked while open";
@@ -1089,6 +1101,7 @@ TEST(EngineZero3, InitBuildsTheModelShardedWithTheSameValues) {
       InitOptions opts = borrowed(c);
       opts.zero_units = models::GPTImpl::zero_units();
       auto engine = initialize(model.ptr(), cfg, opts);
+      EXPECT_FALSE(spill_open()) << "closed once the engine adopted every unit";
       zero::GatheredParameters whole(*model);
       std::vector<at::Tensor> flat;
       for (auto& p : model->parameters()) flat.push_back(p.detach().reshape({-1}).clone());
