@@ -1060,12 +1060,16 @@ TEST(EngineZero3, InitBuildsTheModelShardedWithTheSameValues) {
   testing::TempDir dir;
   const models::GPTConfig gc = small_gpt();
   const std::string nvme = "{\"device\": \"nvme\", \"nvme_path\": \"" + dir.path() + "\"";
-  for (const bool spilled : {false, true}) {
+  // In memory; spilled with every shard on disk (max_in_cpu 0) and with every shard kept in
+  // memory by the engine (max_in_cpu 1e9: the spill is read back into memory).
+  for (const std::string max_in_cpu : {"", "0", "1000000000"}) {
+    const bool spilled = !max_in_cpu.empty();
     const std::string cfg = config_json(
         4, 2,
         kAdamW + zero3(", \"stage3_param_persistence_threshold\": 100" +
                        (spilled ? ", \"offload_optimizer\": " + nvme +
-                                      "}, \"offload_param\": " + nvme + ", \"max_in_cpu\": 0}"
+                                      "}, \"offload_param\": " + nvme +
+                                      ", \"max_in_cpu\": " + max_in_cpu + "}"
                                 : std::string())));
     models::GPT reference(gc, 11);
     std::vector<at::Tensor> got(2);
@@ -1110,8 +1114,8 @@ TEST(EngineZero3, InitBuildsTheModelShardedWithTheSameValues) {
     for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
     std::vector<at::Tensor> flat;
     for (auto& p : reference->parameters()) flat.push_back(p.detach().reshape({-1}));
-    EXPECT_TRUE(at::equal(got[0], at::cat(flat))) << "spilled " << spilled;
-    EXPECT_TRUE(at::equal(got[1], got[0])) << "spilled " << spilled;
+    EXPECT_TRUE(at::equal(got[0], at::cat(flat))) << "max_in_cpu " << max_in_cpu;
+    EXPECT_TRUE(at::equal(got[1], got[0])) << "max_in_cpu " << max_in_cpu;
   }
 }
 
