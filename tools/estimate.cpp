@@ -204,6 +204,7 @@ int estimate_main(int argc, char** argv) {
   engine::EstimateInput in;
   in.world = num_procs;
   in.on_gpu = gpu_gb > 0;
+  in.spill_coming = model == "gpt";  // dscpp train builds it under zero::Init
   if (model == "gpt") {
     gpt.validate();
     in.params = gpt.num_parameters();

@@ -182,6 +182,7 @@ models::GPT build_model(const TrainArgs& a, const models::GPTConfig& gc, const C
     in.largest_unit = gc.block_parameters();  // stage 3's unit
     in.world = comm->world_size();
     in.on_gpu = !device.is_cpu();
+    in.spill_coming = true;  // at stage 3 the GPT is built under zero::Init
     engine::check_fits(in, config, /*held=*/0, std::max(1, detect_process_env().local_world_size),
                        offload::gpu_free_memory(device));
   }

@@ -62,7 +62,7 @@ Estimate estimate(const EstimateInput& in, const Config& c, int stage,
     const int64_t kept = std::min(part, op.max_in_cpu);
     e.params = kept * b;
     e.param_disk = (part - kept) * b;
-    e.spill_disk = part * 4;  // every unit's fp32 shard, until the engine has adopted it
+    if (in.spill_coming) e.spill_disk = part * 4;  // every unit's fp32 shard, until adopted
     if (shard > 0) {
       const int64_t units = (part - kept + shard - 1) / shard;
       e.param_disk = units * static_cast<int64_t>(io::align_up(shard * b));
@@ -294,9 +294,10 @@ void check_fits(const EstimateInput& in, const Config& config, int64_t held, int
   const std::string pdir = z.offload_param.nvme_path.value_or("");
   const bool together = e.disk > 0 && e.param_disk > 0 && odir == pdir;
   // zero::Init's spill file lives beside the parameters' swap file during set-up; in the
-  // optimizer's folder it empties as that file fills (NOTE [spilled shards]).
+  // optimizer's folder it empties as that file fills (NOTE [spilled shards]). A spill on disk
+  // already (in.spilled) is out of the free space measured now and is given back as it empties.
   const int64_t param_folder = e.param_disk + e.spill_disk;
-  const int64_t one_folder = e.param_disk + std::max(e.disk, e.spill_disk);
+  const int64_t one_folder = e.param_disk + std::max(e.disk - in.spilled, e.spill_disk);
   auto check_disk = [&](int64_t bytes, const std::string& dir, const std::string& what,
                         const char* key) {
     struct statvfs fs {};

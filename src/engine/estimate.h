@@ -21,6 +21,11 @@ struct EstimateInput {
   int world = 1;
   // The model is on a GPU: host memory is a tier of its own ("cpu" offload moves bytes there).
   bool on_gpu = false;
+  // With the parameters on nvme: the model will be built under zero::Init, whose spill file
+  // (NOTE [spilled shards]) takes 4 bytes per element of the part during set-up (dscpp train's
+  // GPT); and the bytes such a spill holds on disk already (the engine's check after the build).
+  bool spill_coming = false;
+  int64_t spilled = 0;
 };
 
 // Bytes per rank.

@@ -233,6 +233,7 @@ void EngineImpl::check_memory_fits() {
   }
   const int local = std::max(1, detect_process_env().local_world_size);
   const int64_t gpu_free = offload::gpu_free_memory(device);
+  in.spilled = zero::presharded_bytes_spilled();  // on disk already (NOTE [spilled shards])
   on_every_rank(
       "the pre-flight memory check", [&] { check_fits(in, config_, held, local, gpu_free); },
       /*checkpoint_error=*/false);
@@ -494,7 +495,7 @@ void EngineImpl::build_strategy() {
   // The end of set-up's writes (a swap file reserves what set-up did not write yet: a full disk
   // fails here, on every rank).
   on_every_rank(
-      "reserving the optimizer's swap file", [this] { store_->flush(); },
+      "finishing set-up's writes to the optimizer's swap file", [this] { store_->flush(); },
       /*checkpoint_error=*/false);
   strategy_->set_before_values_change([this] { release_live_state(); });
   if (store_->takes_final_pieces()) {  // a part's offsets are its gradient shard's positions
@@ -561,10 +562,9 @@ std::unique_ptr<offload::OptimizerSwapper> EngineImpl::build_swapper(int64_t par
   so.buffer_count = static_cast<int>(std::min<int64_t>(oo.buffer_count, 3));
   so.pipeline_read = oo.pipeline_read;
   so.pipeline_write = oo.pipeline_write;
-  // With the parameters on nvme, zero::Init's spill file (NOTE [spilled shards]) empties as set-up
-  // fills this file: its blocks are reserved as they are written, all of them at set-up's end.
-  const auto& zc = config_.zero_optimization;
-  so.reserve_in_setup = zc.stage == 3 && zc.offload_param.device == "nvme";
+  // zero::Init's spill file (NOTE [spilled shards]) empties as set-up fills this file: its blocks
+  // are reserved as they are written, all of them at set-up's end.
+  so.reserve_in_setup = zero::presharded_bytes_spilled() > 0;
   std::unique_ptr<offload::OptimizerSwapper> swapper;
   on_every_rank(
       "preparing the optimizer's swap file in offload_optimizer.nvme_path",

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <exception>
+#include <utility>
 
 #include "dscpp/error.h"
 
@@ -39,7 +41,8 @@ OptimizerSwapper::OptimizerSwapper(io::AsyncIo& io, SwapperOptions options)
   // so a disk too small fails here rather than in the middle of training; or, with
   // reserve_in_setup, as set-up writes the sub-groups in order and wholly at its first flush().
   std::remove(o_.path.c_str());
-  if (!o_.reserve_in_setup) reserve_to(static_cast<uint64_t>(file_bytes_));
+  in_setup_ = o_.reserve_in_setup;
+  if (!in_setup_) reserve_to(static_cast<uint64_t>(file_bytes_));
   const int wanted = 1 + (o_.pipeline_read ? 1 : 0) + (o_.pipeline_write ? 1 : 0);
   const int64_t n = std::min<int64_t>({std::max(o_.buffer_count, 1), wanted, sub_groups()});
   for (int64_t i = 0; i < n; ++i) slots_.emplace_back(bytes_of(0));
@@ -151,11 +154,18 @@ void OptimizerSwapper::seek(int64_t k) {
 }
 
 void OptimizerSwapper::write_back_cursor() {
-  if (cursor_k_ >= 0 && cursor_dirty_) {
-    stats_.bytes_written += static_cast<int64_t>(bytes_of(cursor_k_));
-    reserve_to(offset_of(cursor_k_) + bytes_of(cursor_k_));
-    wait(file_->write(offset_of(cursor_k_), cursor_.data(), bytes_of(cursor_k_)));
-    written_[cursor_k_] = true;
+  if (cursor_k_ >= 0 && cursor_dirty_ && !setup_error_) {
+    try {
+      stats_.bytes_written += static_cast<int64_t>(bytes_of(cursor_k_));
+      reserve_to(offset_of(cursor_k_) + bytes_of(cursor_k_));
+      wait(file_->write(offset_of(cursor_k_), cursor_.data(), bytes_of(cursor_k_)));
+      written_[cursor_k_] = true;
+    } catch (...) {
+      // During set-up with reserve_in_setup a full disk fails at the first flush(), which every
+      // rank reaches (a throw here would leave the other ranks waiting in set-up's collectives).
+      if (!in_setup_) throw;
+      setup_error_ = std::current_exception();
+    }
   }
   cursor_dirty_ = false;
 }
@@ -164,7 +174,11 @@ void OptimizerSwapper::flush() {
   write_back_cursor();
   cursor_ = io::AlignedBuffer();
   cursor_k_ = -1;
-  reserve_to(static_cast<uint64_t>(file_bytes_));  // set-up is over: every block from now on
+  if (in_setup_) {  // set-up is over: its failure, else every block from now on
+    in_setup_ = false;
+    if (setup_error_) std::rethrow_exception(std::exchange(setup_error_, nullptr));
+  }
+  reserve_to(static_cast<uint64_t>(file_bytes_));
 }
 
 void OptimizerSwapper::reserve_to(uint64_t end) {

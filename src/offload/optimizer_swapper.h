@@ -16,6 +16,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
@@ -102,6 +103,8 @@ class OptimizerSwapper {
   std::vector<bool> written_;   // [sub-groups] ever written
   int64_t file_bytes_ = 0;
   uint64_t reserved_ = 0;  // bytes of the file reserved so far
+  bool in_setup_ = false;  // reserve_in_setup, before the first flush()
+  std::exception_ptr setup_error_;  // a set-up write that failed, rethrown by that flush()
   std::vector<io::AlignedBuffer> slots_;
   io::AlignedBuffer cursor_;
   int64_t cursor_k_ = -1;

@@ -17,6 +17,7 @@
 #include "dscpp/config.h"
 #include "dscpp/error.h"
 #include "dscpp/zero.h"
+#include "util/log.h"
 #include "util/memory.h"
 #include "zero/fetcher.h"
 #include "zero/presharded.h"
@@ -53,9 +54,16 @@ class ShardSpill {
   at::Tensor read(int64_t at, int64_t n) const {
     at::Tensor out = at::empty({n}, at::kFloat);
     const_cast<ShardSpill*>(this)->transfer(/*write=*/false, out.data_ptr(), out.nbytes(), at);
-    // A file system without hole punching keeps the blocks until the file closes.
-    ::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, at,
-                static_cast<off_t>(out.nbytes()));
+    // A file system without hole punching keeps the blocks until the file closes (said once).
+    if (::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, at,
+                    static_cast<off_t>(out.nbytes())) != 0 &&
+        !punch_warned_) {
+      punch_warned_ = true;
+      DSCPP_LOG_WARN(
+          "zero::Init's spill file '{}': its blocks cannot be freed as they are read back ({}), "
+          "so until set-up ends the disk holds them beside the swap files",
+          path_, std::strerror(errno));
+    }
     return out;
   }
 
@@ -76,6 +84,7 @@ class ShardSpill {
   std::string path_;
   int fd_ = -1;
   int64_t end_ = 0;
+  mutable bool punch_warned_ = false;
 };
 
 struct Init::State {
@@ -86,9 +95,12 @@ struct Init::State {
   std::shared_ptr<ShardSpill> spill;  // offload_param nvme
 };
 
-at::Tensor PreSharded::fp32() const {
+at::Tensor PreSharded::take_fp32() {
   if (fp32_shard.defined()) return fp32_shard;
-  return spill->read(spill_offset, layout.shard);
+  DSCPP_CHECK(spill, Error, "internal: unit '", path, "' has no fp32 shard left");
+  at::Tensor out = spill->read(spill_offset, layout.shard);  // its blocks are freed
+  spill.reset();
+  return out;
 }
 
 namespace {
@@ -124,9 +136,29 @@ Init::Init(std::shared_ptr<comm::Communicator> comm, UnitPolicy units, const Con
   state_->device = device;
   const auto& op = config.zero_optimization.offload_param;
   if (config.zero_optimization.stage == 3 && op.device == "nvme" && op.nvme_path) {
-    // NOTE [spilled shards]
-    state_->spill = std::make_shared<ShardSpill>(fmt::format(
-        "{}/dscpp_init_rank{}_pid{}.swp", *op.nvme_path, state_->comm->rank(), ::getpid()));
+    // NOTE [spilled shards]. Every rank learns whether any could not open its file (else the
+    // others would wait for it in the first unit's broadcast).
+    std::string error;
+    try {
+      state_->spill = std::make_shared<ShardSpill>(fmt::format(
+          "{}/dscpp_init_rank{}_pid{}.swp", *op.nvme_path, state_->comm->rank(), ::getpid()));
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    comm::Communicator& comm = *state_->comm;
+    at::Tensor failed =
+        at::zeros({comm.world_size()}, at::TensorOptions(device).dtype(at::kDouble));
+    failed[comm.rank()] = error.empty() ? 0.0 : 1.0;
+    comm.all_reduce(failed)->wait();
+    failed = failed.cpu();
+    std::string ranks;
+    for (int q = 0; q < comm.world_size(); ++q) {
+      if (failed.data_ptr<double>()[q] > 0) ranks += (ranks.empty() ? "" : ",") + std::to_string(q);
+    }
+    if (!error.empty()) throw IoError(error);
+    DSCPP_CHECK(ranks.empty(), IoError, "zero::Init: rank(s) ", ranks,
+                " could not create the spill file in offload_param.nvme_path '", *op.nvme_path,
+                "' (their errors say why)");
   }
   current_scope = state_.get();
 }
@@ -175,9 +207,17 @@ void built(torch::nn::Module& module, const std::string& path) {
   }
   ParamFetcher::swap_out(storage);
   if (st->spill) {  // NOTE [spilled shards]
-    ps.spill_offset = st->spill->write(ps.fp32_shard.to(at::kCPU).contiguous());
-    ps.spill = st->spill;
-    ps.fp32_shard = at::Tensor();
+    try {
+      ps.spill_offset = st->spill->write(ps.fp32_shard.to(at::kCPU).contiguous());
+      ps.spill = st->spill;
+      ps.fp32_shard = at::Tensor();
+    } catch (const std::exception& e) {
+      // Not collective: this rank keeps the shard in memory rather than fail alone (the others
+      // would wait for it in the next unit's broadcast); said, and no further unit spilled.
+      DSCPP_LOG_WARN("{}; unit '{}' and the units after it keep their fp32 shards in memory",
+                     e.what(), path);
+      st->spill.reset();
+    }
   }
   return_freed_memory();  // the unit's full parameters (and its shard, when spilled)
   ps.params = std::move(params);
@@ -202,6 +242,16 @@ std::optional<PreSharded> take_presharded(const torch::nn::Module& module) {
     if (!now.count(p.unsafeGetTensorImpl())) return std::nullopt;
   }
   return ps;
+}
+
+int64_t presharded_bytes_spilled() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> g(r.mu);
+  int64_t bytes = 0;
+  for (const auto& [module, ps] : r.units) {
+    if (ps.spill) bytes += ps.layout.shard * static_cast<int64_t>(sizeof(float));
+  }
+  return bytes;
 }
 
 int64_t presharded_bytes_in_memory() {

@@ -37,12 +37,13 @@ struct PreSharded {
   std::shared_ptr<ShardSpill> spill;
   int64_t spill_offset = 0;  // bytes into the spill file
   // This rank's fp32 values [layout.shard]: in memory, or read back from the spill file (on the
-  // CPU). Throws IoError naming the file when the read fails.
-  at::Tensor fp32() const;
+  // CPU), whose blocks are then freed: once. Throws IoError naming the file when the read fails.
+  at::Tensor take_fp32();
 };
 
-// Bytes of fp32 shards zero::Init holds in memory for units not yet adopted (0 when spilled).
+// Bytes of fp32 shards zero::Init holds for units not yet adopted: in memory, and in spill files.
 int64_t presharded_bytes_in_memory();
+int64_t presharded_bytes_spilled();
 
 // The shards zero::Init made of `module`, removed from the registry; nullopt when there are none
 // (or only stale ones of a module that no longer holds those parameters).

@@ -206,7 +206,7 @@ void Stage3::shard_units(const std::vector<NamedParams>& sharded, int64_t in_mem
                     pre->params.size(), " parameters there, ", sharded[u].params.size(),
                     " here). HINT: give zero::Init the config and world "
                     "size the engine gets");
-        const at::Tensor fp32 = pre->fp32();  // NOTE [spilled shards]: read back if spilled
+        const at::Tensor fp32 = pre->take_fp32();  // NOTE [spilled shards]: read back
         unit.storage.shard.copy_(fp32);
         if (tap) tap(unit.part_offset, fp32);
       }

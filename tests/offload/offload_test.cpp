@@ -325,8 +325,6 @@ TEST(Offload, AFullDiskFailsTheCheckpointAndKeepsTheEarlierOne) {
   EXPECT_EQ(resumed, straight);
 }
 
-// The swapper on its own: values written through the cursor across sub-group borders come back
-// from the file after a pipelined pass, and a sub-group never written reads the initial values.
 // The size of the open, unlinked file whose path was `path` (found through /proc/self/fd).
 int64_t open_file_size(const std::string& path) {
   for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
@@ -362,8 +360,24 @@ TEST(OptimizerSwapper, ReservesAtOnceOrAsSetUpWrites) {
     s.flush();
     EXPECT_EQ(open_file_size(o.path), whole);
   }
+  // A write that fails during set-up surfaces at the first flush(), which every rank reaches,
+  // not in the middle of set-up's collectives.
+  io::FaultAsyncIo failing({io::AioFault::Kind::fail_write, 1}, io::make_async_io({}));
+  offload::SwapperOptions o;
+  o.path = dir.file("failing");
+  o.numel = 2500;
+  o.names = {"a"};
+  o.initial = {0.0f};
+  o.sub_group_size = 1000;
+  o.reserve_in_setup = true;
+  offload::OptimizerSwapper s(failing, o);
+  EXPECT_NO_THROW(s.write(0, 900, at::arange(1200, at::kFloat)));  // sub-groups 0, 1, 2
+  EXPECT_EQ(failing.injected(), 1);
+  EXPECT_NE(error_of([&] { s.flush(); }).find("Input/output error"), std::string::npos);
 }
 
+// The swapper on its own: values written through the cursor across sub-group borders come back
+// from the file after a pipelined pass, and a sub-group never written reads the initial values.
 TEST(OptimizerSwapper, CursorAndPipelineAgree) {
   TempDir dir;
   auto io = io::make_async_io({});
