@@ -244,25 +244,22 @@ std::optional<PreSharded> take_presharded(const torch::nn::Module& module) {
   return ps;
 }
 
-int64_t presharded_bytes_spilled() {
+namespace {
+// Bytes of fp32 shards the registry's units hold in memory (spilled: false) or in spill files.
+int64_t presharded_bytes(bool spilled) {
   Registry& r = registry();
   std::lock_guard<std::mutex> g(r.mu);
   int64_t bytes = 0;
   for (const auto& [module, ps] : r.units) {
-    if (ps.spill) bytes += ps.layout.shard * static_cast<int64_t>(sizeof(float));
+    if (spilled && ps.spill) bytes += ps.layout.shard * static_cast<int64_t>(sizeof(float));
+    if (!spilled && ps.fp32_shard.defined()) bytes += static_cast<int64_t>(ps.fp32_shard.nbytes());
   }
   return bytes;
 }
+}  // namespace
 
-int64_t presharded_bytes_in_memory() {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> g(r.mu);
-  int64_t bytes = 0;
-  for (const auto& [module, ps] : r.units) {
-    if (ps.fp32_shard.defined()) bytes += static_cast<int64_t>(ps.fp32_shard.nbytes());
-  }
-  return bytes;
-}
+int64_t presharded_bytes_spilled() { return presharded_bytes(/*spilled=*/true); }
+int64_t presharded_bytes_in_memory() { return presharded_bytes(/*spilled=*/false); }
 
 bool is_presharded(const at::Tensor& param) {
   Registry& r = registry();
