@@ -124,9 +124,6 @@ void DeviceCopies::send_up(int64_t k, const at::Tensor& dst_device, const at::Te
 }
 
 void DeviceCopies::finish_step() {
-  for (auto& group : down_) {  // a publish between a backward and its step waits for them too
-    for (auto& h : group) wait_quietly(h);
-  }
   for (auto& s : slots_) {
     for (auto& h : s.up) wait(h);
     s.up.clear();
@@ -135,10 +132,8 @@ void DeviceCopies::finish_step() {
   up_.clear();
   if (first_down_) stats_.down_span_seconds += seconds_between(*first_down_, last_down_);
   if (first_up_) stats_.up_span_seconds += seconds_between(*first_up_, Clock::now());
-  first_down_.reset();
-  first_up_.reset();
-  down_.clear();
-  issued_.clear();
+  // What is left: copies down a publish between a backward and its step did not wait for.
+  drain();
 }
 
 void DeviceCopies::drain() {
