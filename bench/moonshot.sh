@@ -6,7 +6,9 @@
 # with the bytes they would need; then the training run, sampling the swap folder's used space;
 # then the table: step time, bytes read and written per step and their bandwidth (both ranks),
 # peak RSS per rank, disk used, and the losses.
-#   bench/moonshot.sh [STEPS]    SWAP=/work/swap  LAYERS=40 WIDTH=2048 HEADS=16  LR=3e-6
+#   bench/moonshot.sh [STEPS]    SWAP=/work/swap  LAYERS=40 WIDTH=2048 HEADS=16 BLOCK=256
+#                                NPROCS=2  LR=3e-6
+# Issue 35's 3B run: LAYERS=32 WIDTH=2816 HEADS=22 BLOCK=128 NPROCS=1 (and NPROCS=2).
 # The learning rate is small on purpose: a fresh GPT this wide and deep takes sign-like first
 # AdamW steps, and at 1e-5 or more its loss jumps up before it falls (so does a 463M GPT trained
 # in memory at 1e-4; docs/moonshot.md).
@@ -17,6 +19,8 @@ SWAP=${SWAP:-/work/swap}
 LAYERS=${LAYERS:-40}
 WIDTH=${WIDTH:-2048}
 HEADS=${HEADS:-16}
+BLOCK=${BLOCK:-256}
+NPROCS=${NPROCS:-2}
 LR=${LR:-3e-6}
 DATA=${DATA:-../shared/data/tinyshakespeare.txt}
 LOG=${LOG:-/tmp/moonshot_run.log}  # the run's whole log is kept here
@@ -26,12 +30,12 @@ WORK=$(mktemp -d /tmp/moonshot_XXXXXX)
 trap 'kill "$sampler" 2>/dev/null || true; rm -rf "$WORK"' EXIT
 sampler=
 port=$((21000 + RANDOM % 9000))
-model=(--n_layer "$LAYERS" --n_embd "$WIDTH" --n_head "$HEADS" --vocab_size 256 --block_size 256
-       --data "$DATA" --eval_problems 0)
+model=(--n_layer "$LAYERS" --n_embd "$WIDTH" --n_head "$HEADS" --vocab_size 256
+       --block_size "$BLOCK" --data "$DATA" --eval_problems 0)
 
 config() {  # $1: zero_optimization JSON
   cat <<JSON
-{"train_batch_size": 2, "train_micro_batch_size_per_gpu": 1, "steps_per_print": 1,
+{"train_batch_size": $NPROCS, "train_micro_batch_size_per_gpu": 1, "steps_per_print": 1,
  "wall_clock_breakdown": true, "gradient_clipping": 1.0, "bf16": {"enabled": true},
  "zero_optimization": $1,
  "optimizer": {"type": "AdamW", "params": {"lr": $LR, "weight_decay": 0.01}}}
@@ -41,7 +45,7 @@ launch() {  # $1: config file; the rest: dscpp train's extra flags
   port=$((port + 1))
   local cfg=$1
   shift
-  build/dscpp launch --num_procs 2 --master_port "$port" build/dscpp train --config "$cfg" \
+  build/dscpp launch --num_procs "$NPROCS" --master_port "$port" build/dscpp train --config "$cfg" \
     "${model[@]}" --steps "$STEPS" "$@" 2>&1
 }
 
@@ -62,7 +66,14 @@ for zero in '{"stage": 0}' '{"stage": 2}'; do
 done
 
 echo
-echo "## ZeRO stage 3, parameters and optimizer on nvme ($SWAP), $LAYERS x $WIDTH, 2 ranks"
+echo "## ZeRO stage 3, parameters and optimizer on nvme ($SWAP), $LAYERS x $WIDTH, $NPROCS rank(s)"
+# The disk it needs, per dscpp estimate (the swap files, and zero::Init's spill at set-up).
+config '{"stage": 3, "sub_group_size": 10000000,
+   "offload_optimizer": {"device": "nvme", "nvme_path": "'"$SWAP"'"},
+   "offload_param": {"device": "nvme", "nvme_path": "'"$SWAP"'", "max_in_cpu": 0}}' >"$WORK/est.json"
+build/dscpp estimate --config "$WORK/est.json" --model gpt --n_layer "$LAYERS" --n_embd "$WIDTH" \
+  --n_head "$HEADS" --vocab_size 256 --block_size "$BLOCK" --num_procs "$NPROCS" 2>&1 |
+  grep -E "optimizer and parameters on nvme|swap|disk" | head -5 || true
 config '{"stage": 3, "sub_group_size": 10000000,
    "offload_optimizer": {"device": "nvme", "nvme_path": "'"$SWAP"'", "pipeline_read": true,
                          "pipeline_write": true},
@@ -81,9 +92,9 @@ kill "$sampler" 2>/dev/null || true
 peak_disk=$(sort -n "$WORK/df.txt" | tail -1)
 
 echo
-echo "| step | loss | step s | forward+data s | backward s | optimizer s | params read GiB | params written GiB | optimizer read GiB | optimizer written GiB | disk MiB/s (both ranks) |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|"
-grep -o 'info\] step [0-9]* | loss .*' "$WORK/run.log" | awk '
+echo "| step | loss | step s | forward+data s | backward s | optimizer s | params read GiB | params written GiB | optimizer read GiB | optimizer written GiB | gradients written GiB | gradients read GiB | disk MiB/s (all ranks) |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+grep -o 'info\] step [0-9]* | loss .*' "$WORK/run.log" | awk -v nprocs="$NPROCS" '
   function num(pattern,   m) { if (match($0, pattern)) { m = substr($0, RSTART, RLENGTH); gsub(/[^0-9.]/, "", m); return m + 0 } return 0 }
   {
     step = num("step [0-9]+"); loss = num("loss [0-9.]+")
@@ -98,9 +109,13 @@ grep -o 'info\] step [0-9]* | loss .*' "$WORK/run.log" | awk '
       s = substr($0, RSTART, RLENGTH); gsub(/[(),]/, "", s); split(s, f, " ")
       pr = f[12]; pw = f[15]
     }
-    mib = 2 * (pr + pw + orr + ow)  # both ranks move the same bytes
-    printf "| %d | %.4f | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %.0f |\n",
-      step, loss, win, fwd, bwd, opt, pr / 1024, pw / 1024, orr / 1024, ow / 1024, mib / win
+    gw = 0; gr = 0
+    if (match($0, /gradients on disk: wrote [0-9.]+ MiB, read [0-9.]+ MiB/)) {
+      s = substr($0, RSTART, RLENGTH); split(s, f, " "); gw = f[5]; gr = f[8]
+    }
+    mib = nprocs * (pr + pw + orr + ow + gw + gr)  # every rank moves the same bytes
+    printf "| %d | %.4f | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f |\n",
+      step, loss, win, fwd, bwd, opt, pr / 1024, pw / 1024, orr / 1024, ow / 1024, gw / 1024, gr / 1024, mib / win
   }'
 echo
 grep -o 'rank [0-9]: peak RSS [0-9.]* MiB' "$WORK/run.log" | sort | awk '{printf "- %s %s peak RSS %.2f GiB\n", $1, $2, $5 / 1024}'

@@ -244,7 +244,9 @@ int estimate_main(int argc, char** argv) {
     std::cout << "\n(GiB. Model states only: activations, communication buffers and the program "
                  "itself come on top. Stage 3 adds the largest unit gathered whole; offload adds "
                  "the swap pipeline's buffers, 3 sub-groups at most, and with the parameters on "
-                 "nvme the unit shards read ahead, offload_param.buffer_count + 2 at most. Disk: "
+                 "nvme the unit shards read ahead, offload_param.buffer_count + 2 at most; with "
+                 "both on nvme the gradient shard is on disk too (its blocks in flight and two "
+                 "read buffers in memory). Disk: "
                  "the swap files at their largest; with the parameters on nvme zero::Init's spill "
                  "of the fp32 shards (4 bytes per element of the part) empties during set-up as "
                  "the optimizer's file fills, in one folder.)\n";

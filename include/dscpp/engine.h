@@ -122,7 +122,9 @@ struct StepStats {
 // the communication buffers beside them). See docs/zero.md for the formulas.
 struct MemoryStats {
   int64_t params = 0;           // the model's parameters in the training dtype (flat buffer)
-  int64_t grads = 0;            // gradients held between steps (full buffer, or stage 2's shard)
+  // Gradients held between steps (full buffer, or stages 2-3's shard; 0 when the shard is on disk
+  // with both offloads on nvme).
+  int64_t grads = 0;
   int64_t master = 0;           // fp32 master weights (mixed precision; fp32: the params are)
   int64_t optimizer_state = 0;  // this rank's optimizer state
   int64_t staging = 0;          // stages 2-3's gradient staging buffers (contiguous_gradients)
@@ -132,7 +134,8 @@ struct MemoryStats {
   // offload_optimizer nvme: the aligned buffers the swap pipeline cycles through (the master
   // weights and optimizer state themselves are on disk, so master and optimizer_state are 0).
   // offload_optimizer cpu of a model on a device: the host buffers the gradients come down to and
-  // the parameters go up from.
+  // the parameters go up from. Both offloads on nvme: also the gradient shard's blocks being
+  // written and the step's two read buffers.
   int64_t offload_buffers = 0;
   // Bytes in host memory while the model is on a device (offload to "cpu"): the optimizer's
   // (master, optimizer_state and its copy buffers, counted above too) and stage 3's parameter

@@ -34,6 +34,7 @@
 
 namespace dscpp::offload {
 class DeviceLink;
+class GradSwapper;
 class ParamSwapper;
 }
 
@@ -108,6 +109,10 @@ class EngineImpl {
   // elements, checked on every rank.
   std::unique_ptr<offload::ParamSwapper> build_param_swapper(const std::vector<int64_t>& numels,
                                                              at::ScalarType dtype);
+  // Both offloads on nvme (stage 3, a model on the CPU): this rank's gradient shard of `numel`
+  // elements on disk (NOTE [gradients on disk]), next to the optimizer's swap file, checked on
+  // every rank.
+  std::unique_ptr<offload::GradSwapper> build_grad_swapper(int64_t numel, at::ScalarType dtype);
   // Checks that the `key` folder `dir` can hold swap files (exists, is a folder; warns on tmpfs)
   // and makes the engine's AsyncIo if it has none.
   void prepare_swap_dir(const std::string& key, const std::string& dir);

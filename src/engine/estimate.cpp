@@ -14,6 +14,7 @@
 #include "dscpp/async_io.h"
 #include "dscpp/error.h"
 #include "dscpp/optim.h"
+#include "offload/grad_swapper.h"
 #include "util/log.h"
 
 namespace dscpp::engine {
@@ -109,6 +110,13 @@ Estimate estimate(const EstimateInput& in, const Config& c, int stage,
   } else {
     e.master = mixed ? part * 4 : 0;
     e.optimizer_state = states * part * 4;
+  }
+  if (stage == 3 && e.offload_optimizer == "nvme" && e.offload_param == "nvme" && !in.on_gpu) {
+    // NOTE [gradients on disk]: the shard in a swap file of its own, beside the optimizer's.
+    const at::ScalarType dtype = mixed ? (c.bf16.enabled ? at::kBFloat16 : at::kHalf) : at::kFloat;
+    e.grads = 0;
+    e.grad_disk = offload::GradSwapper::file_bytes_for(part, dtype);
+    e.swap_buffers += offload::GradSwapper::buffer_bytes_for(part, dtype, sub);
   }
   if (stage == 3) e.live_unit = in.largest_unit * b;
   return e;
@@ -297,7 +305,8 @@ void check_fits(const EstimateInput& in, const Config& config, int64_t held, int
   // optimizer's folder it empties as that file fills (NOTE [spilled shards]). A spill on disk
   // already (in.spilled) is out of the free space measured now and is given back as it empties.
   const int64_t param_folder = e.param_disk + e.spill_disk;
-  const int64_t one_folder = e.param_disk + std::max(e.disk - in.spilled, e.spill_disk);
+  const int64_t one_folder =
+      e.param_disk + e.grad_disk + std::max(e.disk - in.spilled, e.spill_disk);
   auto check_disk = [&](int64_t bytes, const std::string& dir, const std::string& what,
                         const char* key) {
     struct statvfs fs {};
@@ -311,10 +320,12 @@ void check_fits(const EstimateInput& in, const Config& config, int64_t held, int
   };
   if (together) {
     check_disk(one_folder, odir,
-               "the optimizer's and the parameters' swap files (with zero::Init's spill file)",
+               "the optimizer's, gradients' and parameters' swap files (with zero::Init's spill "
+               "file)",
                "nvme_path");
   } else {
-    check_disk(e.disk, odir, "the optimizer's swap files", "offload_optimizer.nvme_path");
+    check_disk(e.disk + e.grad_disk, odir, "the optimizer's (and gradients') swap files",
+               "offload_optimizer.nvme_path");
     check_disk(param_folder, pdir, "the parameters' swap files (with zero::Init's spill file)",
                "offload_param.nvme_path");
   }

@@ -39,10 +39,11 @@ struct Estimate {
   int64_t swap_buffers = 0;  // offload: the swap pipelines' and the copies' buffers
   int64_t disk = 0;          // offload_optimizer: its swap file
   int64_t param_disk = 0;    // offload_param: its swap file
+  int64_t grad_disk = 0;     // both on nvme (a CPU model): the gradient shard's swap file
   int64_t spill_disk = 0;    // offload_param nvme: zero::Init's spill file during set-up
                              // (NOTE [spilled shards]); it empties as the optimizer's file fills
   // The most disk the swap files (and the spill) take at once, in one folder.
-  int64_t peak_disk() const { return param_disk + std::max(disk, spill_disk); }
+  int64_t peak_disk() const { return param_disk + grad_disk + std::max(disk, spill_disk); }
   // Of memory(), the bytes in host memory while the model is on a GPU (what "cpu" offload moved
   // there, and the swap files' buffers).
   int64_t host_part = 0;

@@ -17,6 +17,7 @@
 #include "engine/estimate.h"
 #include "offload/device_shards.h"
 #include "offload/optimizer_swapper.h"
+#include "offload/grad_swapper.h"
 #include "offload/param_swapper.h"
 #include "util/fault_inject.h"
 #include "util/log.h"
@@ -461,6 +462,14 @@ void EngineImpl::build_strategy() {
     s3.debug = comm::CommOptions::from_config(&config_).debug_sync;
     s3.quantize_weights = zc.zero_quantized_weights;
     s3.secondary_group = secondary_partition_size();
+    if (nvme && param_nvme && !device_link_) {
+      // NOTE [gradients on disk]: with everything else on disk, the gradient shard would be the
+      // largest thing a rank holds.
+      s3.make_grad_shard = [this](int64_t numel,
+                                  at::ScalarType dtype) -> std::unique_ptr<zero::GradShard> {
+        return build_grad_swapper(numel, dtype);
+      };
+    }
     if (param_nvme) {
       s3.max_in_cpu = op.max_in_cpu;
       s3.make_param_swapper = [this](const std::vector<int64_t>& numels,
@@ -581,6 +590,34 @@ std::unique_ptr<offload::OptimizerSwapper> EngineImpl::build_swapper(int64_t par
         fmt::join(so.names, ", "), part_numel, swapper->file_bytes() / double(1 << 30),
         *oo.nvme_path, swapper->sub_groups(), so.sub_group_size,
         swapper->buffer_bytes() / double(1 << 20), oo.pipeline_read, oo.pipeline_write,
+        async_io_->describe());
+  }
+  return swapper;
+}
+
+std::unique_ptr<offload::GradSwapper> EngineImpl::build_grad_swapper(int64_t numel,
+                                                                      at::ScalarType dtype) {
+  const auto& oo = config_.zero_optimization.offload_optimizer;
+  offload::GradSwapperOptions go;
+  go.path = fmt::format("{}/dscpp_gradients_rank{}_pid{}.swp", oo.nvme_path.value_or(""),
+                        comm_->rank(), getpid());
+  go.numel = numel;
+  go.dtype = dtype;
+  go.read_elements = config_.zero_optimization.sub_group_size;
+  std::unique_ptr<offload::GradSwapper> swapper;
+  on_every_rank(
+      "preparing the gradients' swap file in offload_optimizer.nvme_path",
+      [&] {
+        prepare_swap_dir("offload_optimizer", *oo.nvme_path);
+        swapper = std::make_unique<offload::GradSwapper>(*async_io_, go);
+      },
+      /*checkpoint_error=*/false);
+  if (comm_->rank() == 0) {
+    DSCPP_LOG_INFO(
+        "offload_optimizer and offload_param nvme: each rank's gradient shard ({} elements of {}) "
+        "in a {:.2f} GiB swap file in {}, written block by block as backward's reductions fill "
+        "it and read by the step sub-group by sub-group; {}",
+        numel, c10::toString(dtype), swapper->file_bytes() / double(1 << 30), *oo.nvme_path,
         async_io_->describe());
   }
   return swapper;

@@ -14,6 +14,7 @@
 #include "util/fault_inject.h"
 #include "util/log.h"
 #include "util/memory.h"
+#include "zero/grad_shard.h"
 
 namespace dscpp::engine {
 namespace {
@@ -35,7 +36,6 @@ double rss_gib() {
   return resident * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1 << 30);
 }
 
-// Sum of squares in double, in chunks (no full-size double copy of a large shard), read once.
 // The parts' gradients as maximal runs of adjacent memory (a stage's parts are pieces of one
 // gradient shard), so how a stage cuts its part (stage 3: resident, in memory, on disk) does not
 // change the rounding of the gradient norm.
@@ -57,19 +57,6 @@ std::vector<at::Tensor> adjacent_runs(const std::vector<zero::Part>& parts) {
     runs.push_back(g);
   }
   return runs;
-}
-
-double sq_norm(const at::Tensor& t) {
-  // On the CPU the optimizer kernels read the gradients as they are; a widened fp64 copy of each
-  // chunk cost more than the sum (bf16, benchmark GPT: 12 ms of a 260 ms step).
-  if (const auto s = optim::sum_squares(t)) return *s;
-  constexpr int64_t kChunk = 1 << 20;
-  at::Tensor total = at::zeros({}, t.options().dtype(at::kDouble));
-  for (int64_t i = 0; i < t.numel(); i += kChunk) {
-    at::Tensor c = t.narrow(0, i, std::min(kChunk, t.numel() - i)).to(at::kDouble);
-    total.add_(c.dot(c));
-  }
-  return total.item<double>();
 }
 
 // Per-rank window flags, one number per rank in the statistics (NOTE [side channel]).
@@ -184,7 +171,17 @@ void EngineImpl::backward(const at::Tensor& loss) {
                "HINT: a function that runs a backward of its own must be dscpp::zero::checkpoint, "
                "whose parameters dscpp knows");
   }
-  t_reduce_wait_ += reducer.finish_backward();
+  try {
+    t_reduce_wait_ += reducer.finish_backward();
+  } catch (const IoError&) {
+    // Every reduction is done (the ranks are in step), but this rank could not keep its
+    // gradients (its gradient shard's disk failed, NOTE [gradients on disk]): the window is
+    // dropped on every rank at the step.
+    window_failed_ = true;
+    strategy_->after_backward();
+    window_reduced_ = reduce;
+    throw;
+  }
   strategy_->after_backward();
   window_reduced_ = reduce;
   if (strategy_->reduces_every_backward() && !config_.zero_optimization.ignore_unused_parameters) {
@@ -287,9 +284,19 @@ EngineImpl::Reduced EngineImpl::reduce_window() {
   }
   r.parts = strategy_->parts();
   store_->gradients_final(r.parts);  // they may travel while the statistics are summed
-  // The same arithmetic for every stage's part, so every stage clips alike.
+  // The same arithmetic for every stage's part, so every stage clips alike; a shard on disk took
+  // its sums as it was written, with the bits of the shard in memory (NOTE [gradients on disk]).
   double part_sq_norm = 0;
-  for (const auto& g : adjacent_runs(r.parts)) part_sq_norm += sq_norm(g);
+  zero::GradShard* on_disk = r.parts.empty() ? nullptr : r.parts.front().grads_on_disk;
+  if (on_disk) {
+    for (const auto& p : r.parts) {
+      DSCPP_CHECK(p.grads_on_disk == on_disk, Error,
+                  "internal: a part's gradients in memory beside a shard on disk");
+    }
+    part_sq_norm = on_disk->squared_norm();
+  } else {
+    for (const auto& g : adjacent_runs(r.parts)) part_sq_norm += optim::squared_norm(g);
+  }
   if (side_channel) {
     at::Tensor s = side.to(at::kCPU, at::kDouble);  // may live on a GPU
     const double* p = s.data_ptr<double>();
@@ -522,7 +529,8 @@ MemoryStats EngineImpl::memory_stats() {
   }
   m.staging = strategy_->staging_bytes();
   m.gathered = strategy_->gathered_peak_bytes();
-  m.offload_buffers = store_->buffer_bytes() + strategy_->param_swap_buffer_bytes();
+  m.offload_buffers = store_->buffer_bytes() + strategy_->param_swap_buffer_bytes() +
+                      strategy_->grad_swap_buffer_bytes();
   if (store_->steps_on_host()) m.host = m.master + m.optimizer_state + store_->buffer_bytes();
   m.host += strategy_->param_host_bytes();
   return m;

@@ -4,5 +4,6 @@
 target_sources(dscpp PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/device_link.cpp
   ${CMAKE_CURRENT_LIST_DIR}/device_shards.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/grad_swapper.cpp
   ${CMAKE_CURRENT_LIST_DIR}/optimizer_swapper.cpp
   ${CMAKE_CURRENT_LIST_DIR}/param_swapper.cpp)

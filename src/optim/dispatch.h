@@ -68,11 +68,18 @@ void parallel_elements(int64_t n, const std::function<void(int64_t, int64_t)>& f
 // Runs fn(begin, end) over [0, count) items in parallel (grain 1 item). fn must not throw.
 void parallel_items(int64_t count, const std::function<void(int64_t, int64_t)>& fn);
 
+// Elements per chunk of the sums of squares below.
+constexpr int64_t kSquaresChunk = int64_t{1} << 20;
 // The sum of t's squares in fp64 through the kernel table's sum_sq, reading fp32 or bf16 as it
 // is (the gradient norm, without a widened copy of the gradients); nullopt unless t is a
 // contiguous fp32 or bf16 CPU tensor and the active path is not kTorch (the caller then sums
-// with ATen ops). Chunks of 2^20 elements are summed in order: the same bits for any number of
-// threads.
+// with ATen ops). Chunks of kSquaresChunk elements are summed in order: the same bits for any
+// number of threads.
 std::optional<double> sum_squares(const at::Tensor& t);
+// The sum of a 1-D tensor's squares in fp64: sum_squares, or else ATen ops over the same chunks
+// summed in order (any device or dtype, without a full-size fp64 copy). So a tensor's sum equals
+// the in-order sum of its kSquaresChunk-element chunks' sums, bit for bit (the gradient norm of
+// a shard on disk, NOTE [gradients on disk]).
+double squared_norm(const at::Tensor& t);
 
 }  // namespace dscpp::optim

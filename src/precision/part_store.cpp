@@ -11,6 +11,7 @@
 #include "dscpp/error.h"
 #include "offload/optimizer_swapper.h"
 #include "precision/device_copies.h"
+#include "zero/grad_shard.h"
 
 namespace dscpp::precision {
 namespace {
@@ -207,11 +208,24 @@ class SwapStore final : public PartStore {
     // its parameters go up.
     if (copies_) copies_->gradients_final(parts);
     const size_t first_state = with_values_ ? 1 : 0;
+    // A gradient shard on disk (NOTE [gradients on disk]) is read sub-group by sub-group, the
+    // next one while this one steps.
+    grads_on_disk_ = nullptr;
+    for (const auto& part : parts) grads_on_disk_ = grads_on_disk_ ? grads_on_disk_ : part.grads_on_disk;
+    const int64_t numel = swapper_->numel();
+    auto sub_group_at = [&](int64_t begin) { return std::min(sub_group_size_, numel - begin); };
+    if (grads_on_disk_ && numel > 0) grads_on_disk_->read_ahead(0, sub_group_at(0));
     try {
       swapper_->for_each_sub_group(
           [&](int64_t begin, int64_t length, const std::vector<at::Tensor>& t) {
             const int64_t k = copies_ ? begin / copies_->sub_group_size() : 0;
             if (copies_) copies_->begin_sub_group(k);
+            at::Tensor disk_grads;  // [length] training dtype
+            if (grads_on_disk_) {
+              disk_grads = grads_on_disk_->read(begin, length);
+              if (begin + length < numel)
+                grads_on_disk_->read_ahead(begin + length, sub_group_at(begin + length));
+            }
             for (const auto& part : parts) {
               const int64_t lo = std::max(begin, part.offset);
               const int64_t hi = std::min(begin + length, part.offset + part.numel());
@@ -222,8 +236,9 @@ class SwapStore final : public PartStore {
               for (size_t i = first_state; i < t.size(); ++i)
                 ctx.state.push_back(t[i].narrow(0, lo - begin, hi - lo));
               if (ctx.state.empty()) ctx.offset = lo;  // a stateless optimizer (SGD, no momentum)
-              const at::Tensor g = copies_ ? copies_->grads(lo, hi - lo)
-                                           : part.grads.narrow(0, lo - part.offset, hi - lo);
+              const at::Tensor g = copies_                   ? copies_->grads(lo, hi - lo)
+                                   : part.grads.defined() ? part.grads.narrow(0, lo - part.offset, hi - lo)
+                                                          : disk_grads.narrow(0, lo - begin, hi - lo);
               optimizer.step(w, fp32_grads_(g), ctx);
               if (copies_ && !part.sink) {
                 // The swap buffer is written back and reused: the parameters go up from a copy.
@@ -280,10 +295,11 @@ class SwapStore final : public PartStore {
     const offload::SwapStats s = swapper_->take_stats();
     return fmt::format(
         "offloaded optimizer {:.1f} ms: read {:.1f} MiB, wrote {:.1f} MiB, waited for the "
-        "disk {:.1f} ms, stepped {:.1f} ms{}",
+        "disk {:.1f} ms, stepped {:.1f} ms{}{}",
         s.total_seconds * 1e3, s.bytes_read / double(1 << 20), s.bytes_written / double(1 << 20),
         s.wait_seconds * 1e3, s.step_seconds * 1e3,
-        copies_ ? "; " + copies_->take_report() : std::string());
+        copies_ ? "; " + copies_->take_report() : std::string(),
+        grads_on_disk_ ? "; " + grads_on_disk_->take_report() : std::string());
   }
 
  private:
@@ -306,6 +322,7 @@ class SwapStore final : public PartStore {
   std::unique_ptr<DeviceCopies> copies_;  // a model on a device
   std::unique_ptr<offload::OptimizerSwapper> swapper_;
   Fp32Grads fp32_grads_;
+  zero::GradShard* grads_on_disk_ = nullptr;  // the parts' of the last step, if on disk
 };
 
 // NOTE [host step]: offload_optimizer cpu of a model on a device (ZeRO-Offload). This rank's fp32

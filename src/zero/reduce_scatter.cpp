@@ -59,15 +59,25 @@ SlotReducer::SlotReducer(std::vector<at::Tensor> params, std::vector<std::string
                          std::vector<std::pair<int64_t, int64_t>> segments,
                          std::vector<GroupGeometry> groups, std::vector<int> param_group,
                          comm::Communicator& comm, ReduceOptions options, int resident_group,
-                         std::function<void(int)> on_group_complete)
+                         std::function<void(int)> on_group_complete,
+                         std::unique_ptr<GradShard> shard)
     : GradReducer(std::move(params), std::move(names), std::move(segments), std::move(groups),
                   std::move(param_group), comm, options),
+      shard_(std::move(shard)),
       resident_group_(resident_group),
       on_group_complete_(std::move(on_group_complete)) {
   DSCPP_CHECK(resident_group_ <= 0, Error, "internal: the resident group must be group 0");
   int64_t shard_total = 0;
   for (const auto& g : groups_) shard_total += g.shard;
-  grad_shard_ = at::zeros({shard_total}, buffer_options_);
+  if (!shard_) shard_ = make_memory_grad_shard(shard_total, buffer_options_);
+  DSCPP_CHECK(shard_->numel() == shard_total, Error, "internal: a gradient shard of ",
+              shard_->numel(), " elements for ", shard_total);
+  for (const auto& b : buckets_) {  // where each bucket's reduction lands in the shard
+    int64_t own_start = 0;
+    const int64_t n = rank_counts(b, &own_start)[comm_.rank()];
+    const GroupGeometry& g = groups_[b.group];
+    if (n > 0) shard_->expect(g.shard_base + own_start - (g.base + comm_.rank() * g.shard), n);
+  }
   for (auto& p : params_) p.mutable_grad() = at::Tensor();
   stale_.assign(params_.size(), 0);
   if (resident_group_ == 0) {
@@ -106,6 +116,7 @@ void SlotReducer::before_backward() {
 }
 
 void SlotReducer::reset_locked() {
+  shard_->begin_backward(final_);
   std::fill(slot_bucket_.begin(), slot_bucket_.end(), -1);
   if (!options_.contiguous_gradients) {
     for (auto& slot : staging_) slot = at::Tensor();
@@ -141,6 +152,7 @@ void SlotReducer::on_bucket_complete_locked(Bucket& b) {
 
 void SlotReducer::after_finish() {
   if (resident_) resident_->zero();  // its sums are in the shard now
+  shard_->end_backward();
 }
 
 void SlotReducer::acquire_slot_locked(Bucket& b) {
@@ -235,16 +247,14 @@ void SlotReducer::launch_locked(Bucket& b) {
 
 void SlotReducer::on_reduced_locked(InFlight& f) {
   if (f.result.numel() == 0) return;
-  const double factor = postscale_factor();
-  at::Tensor dst = grad_shard_.narrow(0, f.shard_pos, f.result.numel());
-  if (factor != 1.0)
-    dst.add_(f.result, factor);
-  else
-    dst.add_(f.result);
+  shard_->add(f.shard_pos, f.result, postscale_factor());
 }
 
 at::Tensor SlotReducer::final_piece_locked(const InFlight& f) const {
-  return grad_shard_.narrow(0, f.shard_pos, f.result.numel());
+  const at::Tensor shard = shard_->tensor();
+  DSCPP_CHECK(shard.defined(), Error,
+              "internal: a listener for final pieces of a gradient shard that is not in memory");
+  return shard.narrow(0, f.shard_pos, f.result.numel());
 }
 
 void SlotReducer::release_slot_locked(int slot) {
@@ -265,11 +275,11 @@ int64_t SlotReducer::staging_bytes() const {
 }
 
 int64_t SlotReducer::grad_bytes() const {
-  return static_cast<int64_t>(grad_shard_.nbytes()) + (resident_ ? resident_->bytes() : 0);
+  return shard_->bytes() + (resident_ ? resident_->bytes() : 0);
 }
 
 void SlotReducer::zero_grads() {
-  grad_shard_.zero_();
+  shard_->zero();
   for (auto& p : params_) p.mutable_grad() = at::Tensor();
   if (resident_) {
     resident_->zero();

@@ -8,8 +8,9 @@
 // SlotReducer (stages 2-3): there is no full gradient buffer. Each bucket's gradients accumulate
 // in a staging slot (NOTE [stage 2 slots]); when the bucket is complete the slot is
 // reduce-scattered (every rank receives the part of the bucket that falls in its shard of the
-// bucket's group), that part is added into this rank's gradient shard, which accumulates over
-// the micro-steps, and the slot is free for a later bucket. Every backward reduces.
+// bucket's group), that part is added into this rank's gradient shard (grad_shard.h: in memory,
+// or on disk), which accumulates over the micro-steps, and the slot is free for a later bucket.
+// Every backward reduces.
 //
 // NOTE [stage 2 slots]: just before a bucket's first gradient is accumulated (a pre-hook on the
 // parameter's gradient accumulator), the bucket gets a staging slot; each parameter's first
@@ -44,6 +45,7 @@
 #include <memory>
 
 #include "zero/grad_buffer.h"
+#include "zero/grad_shard.h"
 #include "zero/reducer.h"
 
 namespace dscpp::zero {
@@ -86,14 +88,20 @@ class SlotReducer final : public GradReducer {
   // and are reduced when backward ends; it must be group 0, so its buckets launch last.
   // `on_group_complete` (optional): called (under the reducer's lock, from a gradient hook or
   // finish_backward) when every gradient of a group has arrived in a reducing backward.
+  // `shard` (optional): where the gradient shard is summed (its numel the sum of the groups'
+  // shards); null: in memory.
   SlotReducer(std::vector<at::Tensor> params, std::vector<std::string> names,
               std::vector<std::pair<int64_t, int64_t>> segments, std::vector<GroupGeometry> groups,
               std::vector<int> param_group, comm::Communicator& comm, ReduceOptions options,
-              int resident_group = -1, std::function<void(int group)> on_group_complete = nullptr);
+              int resident_group = -1, std::function<void(int group)> on_group_complete = nullptr,
+              std::unique_ptr<GradShard> shard = nullptr);
   ~SlotReducer() override;
 
-  // This rank's shard of the averaged gradient, summed over the micro-steps. [sum of shards]
-  at::Tensor grad_shard() const { return grad_shard_; }
+  // This rank's shard of the averaged gradient, summed over the micro-steps [sum of shards];
+  // undefined when the shard is not in memory (shard() then reads it).
+  at::Tensor grad_shard() const { return shard_->tensor(); }
+  GradShard& shard() { return *shard_; }
+  const GradShard& shard() const { return *shard_; }
   // Gradients of the last backward that autograd kept because they arrived before their
   // bucket could have a slot (NOTE [stage 2 slots]); 0 when they arrive in bucket order.
   int64_t kept_gradients() const;
@@ -128,7 +136,7 @@ class SlotReducer final : public GradReducer {
   at::Tensor slot_view(const Bucket& b, int p) const;
   void copy_kept_gradients(const Bucket& b, const at::Tensor& dst);
 
-  at::Tensor grad_shard_;
+  std::unique_ptr<GradShard> shard_;
   // The staging slots (contiguous_gradients: allocated once, else per bucket) and the bucket each
   // one serves (-1: free).
   std::vector<at::Tensor> staging_;

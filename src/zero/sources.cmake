@@ -5,6 +5,7 @@ target_sources(dscpp PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/strategy.cpp
   ${CMAKE_CURRENT_LIST_DIR}/reducer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/grad_buffer.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/grad_shard.cpp
   ${CMAKE_CURRENT_LIST_DIR}/all_reduce.cpp
   ${CMAKE_CURRENT_LIST_DIR}/reduce_scatter.cpp
   ${CMAKE_CURRENT_LIST_DIR}/shard_all_gather.cpp

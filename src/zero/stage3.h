@@ -93,6 +93,10 @@ struct Stage3Options {
                                            at::ScalarType dtype)>
       make_param_swapper;
   int64_t max_in_cpu = 0;
+  // Makes where the rank's gradient shard of `numel` elements (training dtype) is summed: on disk
+  // with both offloads on nvme (NOTE [gradients on disk] in offload/grad_swapper.h); null: in
+  // memory.
+  std::function<std::unique_ptr<GradShard>(int64_t numel, at::ScalarType dtype)> make_grad_shard;
 };
 
 class Stage3 final : public Strategy {
@@ -122,6 +126,7 @@ class Stage3 final : public Strategy {
     return param_swap_ ? param_swap_->buffer_bytes() : 0;
   }
   int64_t param_host_bytes() const override { return param_swap_ ? param_swap_->host_bytes() : 0; }
+  int64_t grad_swap_buffer_bytes() const override { return reducer_->shard().buffer_bytes(); }
   std::vector<CheckpointGroup> checkpoint_groups() const override;
   bool gathered_scope_open() const override { return !scopes_.empty(); }
   int64_t gathered_peak_bytes() const override { return fetcher_.peak_live_bytes(); }

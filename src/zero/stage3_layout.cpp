@@ -268,10 +268,16 @@ void Stage3::build_reducer(const Assignment& a, const ReduceOptions& reduce) {
     }
     base += unit.layout.padded;
   }
-  reducer_ = std::make_unique<SlotReducer>(std::move(params), std::move(names), std::move(segments),
-                                           std::move(groups), std::move(param_group), comm_, reduce,
-                                           /*resident_group=*/0,
-                                           [this](int group) { on_group_complete(group); });
+  std::unique_ptr<GradShard> grad_shard;
+  if (s3_.make_grad_shard) {
+    int64_t shard_total = 0;
+    for (const auto& g : groups) shard_total += g.shard;
+    grad_shard = s3_.make_grad_shard(shard_total, options_.dtype().toScalarType());
+  }
+  reducer_ = std::make_unique<SlotReducer>(
+      std::move(params), std::move(names), std::move(segments), std::move(groups),
+      std::move(param_group), comm_, reduce,
+      /*resident_group=*/0, [this](int group) { on_group_complete(group); }, std::move(grad_shard));
 }
 
 void Stage3::report_layout() const {
@@ -366,16 +372,23 @@ void Stage3::unregister_units() { registry::remove(registry_id_); }
 std::vector<Part> Stage3::parts() {
   std::vector<Part> out;
   const at::Tensor g = reducer_->grad_shard();
+  // Elements [pos, pos + n) of the gradient shard: a view, or on disk.
+  auto part = [&](at::Tensor params, int64_t pos, int64_t n, ParamSink* sink) {
+    Part p{std::move(params), g.defined() ? g.narrow(0, pos, n) : at::Tensor(), pos, sink};
+    if (!g.defined()) {
+      p.grads_on_disk = &reducer_->shard();
+      p.length = n;
+    }
+    out.push_back(std::move(p));
+  };
   const int64_t rs = resident_layout_.shard;
   if (rs > 0) {
-    out.push_back(Part{resident_flat_.narrow(0, resident_layout_.shard_offset(comm_.rank()), rs),
-                       g.narrow(0, 0, rs), 0});
+    part(resident_flat_.narrow(0, resident_layout_.shard_offset(comm_.rank()), rs), 0, rs,
+         nullptr);
   }
-  if (shards_.numel() > 0) out.push_back(Part{shards_, g.narrow(0, rs, shards_.numel()), rs});
+  if (shards_.numel() > 0) part(shards_, rs, shards_.numel(), nullptr);
   if (param_swap_) {  // the rest of the part, on disk (NOTE [stage 3 parameter offload])
-    const int64_t at_ = rs + shards_.numel();
-    out.push_back(
-        Part{at::Tensor(), g.narrow(0, at_, param_swap_->numel()), at_, param_swap_.get()});
+    part(at::Tensor(), rs + shards_.numel(), param_swap_->numel(), param_swap_.get());
   }
   return out;
 }

@@ -29,6 +29,8 @@
 
 namespace dscpp::zero {
 
+class GradShard;  // grad_shard.h
+
 struct StrategyOptions {
   int stage = 0;
   ReduceOptions reduce;               // bucket size already capped (NOTE [bucket cap])
@@ -66,13 +68,17 @@ class ParamSink {
 // A contiguous piece of what this rank updates: params [n] in the training dtype, the averaged
 // gradient [n] in the training dtype, and where the piece starts in the optimizer's buffer.
 // Parameters on disk (stage 3's offload_param) have no params tensor: store() hands their
-// updated values to `sink` instead.
+// updated values to `sink` instead. A gradient shard on disk (NOTE [gradients on disk] in
+// offload/grad_swapper.h) leaves `grads` undefined: elements [offset, offset + length) of
+// `grads_on_disk` are the part's (the offset is the position in the gradient shard).
 struct Part {
   at::Tensor params;
   at::Tensor grads;
   int64_t offset = 0;
   ParamSink* sink = nullptr;
-  int64_t numel() const { return grads.numel(); }
+  GradShard* grads_on_disk = nullptr;
+  int64_t length = 0;  // with grads_on_disk
+  int64_t numel() const { return grads.defined() ? grads.numel() : length; }
   // The updated values of elements [off, off + values.numel()) of this part, cast.
   void store(int64_t off, const at::Tensor& values) const {
     if (sink) {
@@ -139,6 +145,8 @@ class Strategy {
   // host memory for a model on a device (not counted in param_bytes()).
   virtual int64_t param_swap_buffer_bytes() const { return 0; }
   virtual int64_t param_host_bytes() const { return 0; }
+  // Stage 3 with the gradient shard on disk: bytes of its buffers (not in grad_bytes()).
+  virtual int64_t grad_swap_buffer_bytes() const { return 0; }
   // Stage 3: the most bytes of gathered unit parameters held at once so far.
   virtual int64_t gathered_peak_bytes() const { return 0; }
   // Stage 3: seconds the training thread waited for parameter all-gathers since the last call,

@@ -10,20 +10,24 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
 #include "dscpp/async_io.h"
 #include "dscpp/engine.h"
 #include "dscpp/error.h"
+#include "optim/dispatch.h"
 #include "engine/test_net.h"
 #include "offload/offload_test_util.h"
+#include "offload/grad_swapper.h"
 #include "offload/optimizer_swapper.h"
 #include "offload/param_swapper.h"
 #include "support/errors.h"
 #include "support/fault_async_io.h"
 #include "support/temp_dir.h"
 #include "support/thread_ranks.h"
+#include "zero/grad_shard.h"
 
 namespace dscpp {
 namespace {
@@ -259,6 +263,58 @@ TEST(Offload, AParameterWriteFailingMidRunStopsEveryRank) {
       3, at::kBFloat16, "dscpp_params_rank1_pid");
 }
 
+// Both offloads on nvme: rank 1's gradient shard write fails in the second backward (NOTE
+// [gradients on disk]). That backward throws the disk's error naming the file; the step is
+// dropped on every rank, naming rank 1; the next window trains on both.
+TEST(Offload, AGradientWriteFailingInBackwardDropsTheStepOnEveryRank) {
+  TempDir dir;
+  io::AioFault fault{io::AioFault::Kind::fail_write, 2};
+  fault.only_path = "dscpp_gradients_rank1";
+  io::FaultAsyncIo failing(fault, io::make_async_io({}));
+  const std::string cfg = config_json(
+      8, 4,
+      kAdamW + ", \"bf16\": {\"enabled\": true}, \"zero_optimization\": {\"stage\": 3, "
+               "\"stage3_param_persistence_threshold\": 0, \"offload_optimizer\": " +
+          nvme(dir.path()) + ", \"offload_param\": " + nvme(dir.path(), ", \"max_in_cpu\": 0") +
+          "}");
+  std::vector<std::string> backward_error(2), step_error(2);
+  std::vector<double> last_loss(2);
+  auto errors = run_thread_ranks(2, [&](Communicator& c) {
+    enginetest::Net net = enginetest::make_net(1);
+    InitOptions o = enginetest::borrowed(c);
+    if (c.rank() == 1) o.async_io = &failing;
+    auto e = initialize(net.ptr(), cfg, o);
+    auto X = enginetest::dataset_x().narrow(0, 4 * c.rank(), 4).to(at::kBFloat16);
+    auto Y = enginetest::dataset_y().narrow(0, 4 * c.rank(), 4);
+    for (int s = 0; s < 3; ++s) {
+      try {
+        e->backward(at::mse_loss(net->forward(X).to(at::kFloat), Y));
+      } catch (const IoError& err) {
+        backward_error[c.rank()] += err.what();
+      }
+      try {
+        e->step();
+        if (s == 2) last_loss[c.rank()] = e->last_step().loss;
+      } catch (const Error& err) {
+        step_error[c.rank()] += err.what();
+      }
+    }
+  });
+  for (auto& e : errors) EXPECT_FALSE(e) << error_text(e);
+  EXPECT_EQ(failing.injected(), 1);
+  EXPECT_EQ(backward_error[0], "");
+  EXPECT_NE(backward_error[1].find("Input/output error"), std::string::npos) << backward_error[1];
+  EXPECT_NE(backward_error[1].find("dscpp_gradients_rank1_pid"), std::string::npos)
+      << backward_error[1];
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(step_error[r].find("backward() failed on rank(s) 1 in the accumulation window of "
+                                 "optimizer step 2"),
+              std::string::npos)
+        << step_error[r];
+    EXPECT_TRUE(std::isfinite(last_loss[r]) && last_loss[r] > 0) << "the next window trains";
+  }
+}
+
 // The disk filling mid-run (a small tmpfs holding the swap files and the checkpoints; needs root
 // to mount): the swap files were reserved at start-up, so training goes on; the checkpoint that
 // no longer fits fails on every rank naming the path, `latest` still names the earlier one, and
@@ -454,6 +510,97 @@ TEST(ParamSwapper, StoreTakeReadAheadAndPutAgree) {
   // A step that wrote only part of the shards is a bug the swapper names.
   s.put(0, values.narrow(0, 0, 10));
   EXPECT_NE(error_of([&] { s.finish(); }).find("wrote 10 of 8010"), std::string::npos);
+}
+
+// NOTE [gradients on disk]: the shard on disk holds what the shard in memory holds, bit for bit,
+// and gives the same squared norm, whatever order the pieces come in, across block borders,
+// with padding no piece fills, over the micro-steps of a window (factor 1, and a factor that
+// must be added in one operation), and for any read size; a write that fails surfaces at the
+// end of that backward (naming the file), and the next window starts afresh.
+TEST(GradSwapper, HoldsWhatTheShardInMemoryHolds) {
+  TempDir dir;
+  auto io = io::make_async_io({});
+  const int64_t block = int64_t{1} << 20;
+  const int64_t numel = 2 * block + 333'333;  // the last block short
+  // The pieces the reductions fill, [pos, n), with padding between some (stays zero).
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  for (int64_t at = 0; at < numel;) {
+    const int64_t n = std::min<int64_t>(numel - at, 300'001 + (at % 7) * 10'000);
+    pieces.emplace_back(at, std::max<int64_t>(1, n - (pieces.size() % 3 == 1 ? 17 : 0)));
+    at += n;
+  }
+  for (const double factor : {1.0, 0.37}) {
+    for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+      const std::string what = std::string(c10::toString(dtype)) + " factor " +
+                               std::to_string(factor);
+      offload::GradSwapperOptions o;
+      o.path = dir.file("grads");
+      o.numel = numel;
+      o.dtype = dtype;
+      o.read_elements = 700'000;
+      offload::GradSwapper disk(*io, o);
+      EXPECT_TRUE(dir.entries().empty()) << "unlinked while open";
+      auto memory = zero::make_memory_grad_shard(numel, at::TensorOptions(dtype));
+      for (const auto& [pos, n] : pieces) disk.expect(pos, n);
+      at::manual_seed(7);
+      for (int window = 0; window < 2; ++window) {
+        const int gas = window == 0 ? 3 : 1;
+        for (int micro = 0; micro < gas; ++micro) {
+          const bool final = micro == gas - 1;
+          disk.begin_backward(final);
+          // Backward reduces from the end of the shard; one piece comes late.
+          std::vector<size_t> order;
+          for (size_t i = pieces.size(); i-- > 0;) order.push_back(i);
+          std::swap(order[1], order.back());
+          for (size_t i : order) {
+            const auto [pos, n] = pieces[i];
+            at::Tensor piece = at::randn({n}).to(dtype);
+            memory->add(pos, piece, factor);
+            disk.add(pos, piece, factor);
+          }
+          disk.end_backward();
+        }
+        at::Tensor want = memory->tensor();
+        EXPECT_EQ(disk.squared_norm(), optim::squared_norm(want)) << what;
+        for (const int64_t step : {int64_t{700'000}, int64_t{4097}}) {
+          for (int64_t pos = 0; pos < numel; pos += step) {
+            const int64_t n = std::min(step, numel - pos);
+            if (pos + n < numel) disk.read_ahead(pos + n, std::min(step, numel - pos - n));
+            ASSERT_TRUE(at::equal(disk.read(pos, n), want.narrow(0, pos, n)))
+                << what << " window " << window << " [" << pos << ", +" << n << ")";
+            if (step == 4097 && pos > 3 * 4097) break;  // a few odd reads suffice
+          }
+        }
+        EXPECT_GT(disk.buffer_bytes(), 0);
+        EXPECT_EQ(disk.bytes(), 0);
+        disk.zero();
+        memory->zero();
+      }
+      EXPECT_NE(disk.take_report().find("gradients on disk: wrote"), std::string::npos);
+    }
+  }
+  // The third write fails: the backward's end says so, naming the file; the next window works.
+  io::FaultAsyncIo failing({io::AioFault::Kind::fail_write, 3}, io::make_async_io({}));
+  offload::GradSwapperOptions o;
+  o.path = dir.file("failing");
+  o.numel = numel;
+  o.read_elements = numel;
+  offload::GradSwapper disk(failing, o);
+  disk.expect(0, numel);
+  for (int window = 0; window < 2; ++window) {
+    disk.begin_backward(true);
+    disk.add(0, at::ones({numel}, at::kBFloat16), 1.0);
+    if (window == 0) {
+      const std::string e = error_of([&] { disk.end_backward(); });
+      EXPECT_NE(e.find("Input/output error"), std::string::npos) << e;
+      EXPECT_NE(e.find("failing"), std::string::npos) << e;
+    } else {
+      disk.end_backward();
+      EXPECT_TRUE(at::equal(disk.read(0, numel), at::ones({numel}, at::kBFloat16)));
+      EXPECT_EQ(disk.squared_norm(), double(numel));
+    }
+    disk.zero();
+  }
 }
 
 }  // namespace

@@ -106,6 +106,8 @@ class FaultAsyncFile final : public AsyncFile {
 };
 
 std::unique_ptr<AsyncFile> FaultAsyncIo::open(const std::string& path) {
+  if (!fault_.only_path.empty() && path.find(fault_.only_path) == std::string::npos)
+    return inner_->open(path);
   return std::make_unique<FaultAsyncFile>(*this, inner_->open(path));
 }
 

@@ -27,6 +27,8 @@ struct AioFault {
   int64_t nth = 1;
   uint64_t bytes = 0;
   int delay_ms = 0;
+  // Non-empty: only the files whose path contains it go through the fault (and are counted).
+  std::string only_path;
 };
 
 class FaultAsyncIo final : public AsyncIo {

@@ -1198,6 +1198,48 @@ TEST(EngineZero3, ParametersOnDiskTrainBitForBitAsInMemory) {
 }
 
 
+// Both offloads on nvme (NOTE [gradients on disk]): the gradient shard is summed on disk
+// instead of in memory, and training is the same bit for bit as with everything in memory
+// (losses, gradient norms, final weights), in fp32 and bf16, at worlds 1 and 2, GAS 1 and 2,
+// with a gradient_predivide_factor (the piece then added in one operation), clipped (the norm
+// taken as the shard is written).
+TEST(EngineZero3, GradientsOnDiskTrainBitForBitAsInMemory) {
+  testing::TempDir dir;
+  const std::string nvme = "{\"device\": \"nvme\", \"nvme_path\": \"" + dir.path() + "\"";
+  const std::string offload = ", \"sub_group_size\": 100, \"offload_optimizer\": " + nvme +
+                              ", \"pipeline_read\": true}, \"offload_param\": " + nvme +
+                              ", \"max_in_cpu\": 0}";
+  for (const std::string prec : {std::string(""), std::string(", \"bf16\": {\"enabled\": true}")}) {
+    for (int world : {1, 2}) {
+      for (int gas : {1, 2}) {
+        for (const std::string more :
+             {std::string(""), std::string(", \"gradient_predivide_factor\": 2.0")}) {
+          const std::string what = (prec.empty() ? "fp32" : "bf16") + std::string(" world ") +
+                                   std::to_string(world) + " GAS " + std::to_string(gas) + more;
+          const std::string base =
+              kAdamW + prec + more + zero3(", \"stage3_param_persistence_threshold\": 0");
+          const int micro = 8 / world / gas;
+          auto ref = run_stack(world, 6, config_json(8, micro, base), kEverything);
+          auto got = run_stack(world, 6,
+                               config_json(8, micro,
+                                           kAdamW + prec + more +
+                                               zero3(", \"stage3_param_persistence_threshold\": 0" +
+                                                     offload)),
+                               kEverything);
+          for (int r = 0; r < world; ++r) {
+            EXPECT_EQ(got[r].losses, ref[r].losses) << what;
+            EXPECT_EQ(got[r].grad_norms, ref[r].grad_norms) << what;
+            EXPECT_TRUE(at::equal(got[r].params, ref[r].params)) << what;
+            EXPECT_EQ(got[r].memory.grads, 0) << what << ": the shard is on disk";
+            EXPECT_GT(ref[r].memory.grads, 0) << what;
+          }
+          EXPECT_TRUE(dir.entries().empty()) << what << ": the swap files are unlinked while open";
+        }
+      }
+    }
+  }
+}
+
 // offload_param cpu of a model on a device (NOTE [shards off the device]), the device being the
 // tests' stand-in for a GPU: every unit's shard waits in host memory and goes up for its
 // all-gathers, read ahead on the recorded order (buffer_count 1 and 5); with the fp32 weights on
