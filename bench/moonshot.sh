@@ -7,8 +7,9 @@
 # then the table: step time, bytes read and written per step and their bandwidth (both ranks),
 # peak RSS per rank, disk used, and the losses.
 #   bench/moonshot.sh [STEPS]    SWAP=/work/swap  LAYERS=40 WIDTH=2048 HEADS=16 BLOCK=256
-#                                NPROCS=2  LR=3e-6
-# Issue 35's 3B run: LAYERS=32 WIDTH=2816 HEADS=22 BLOCK=128 NPROCS=1 (and NPROCS=2).
+#                                NPROCS=2 MICRO=1  LR=3e-6
+# Issue 35's 3B run: LAYERS=32 WIDTH=2816 HEADS=22 BLOCK=128 NPROCS=1 MICRO=4 (and NPROCS=2
+# MICRO=2: the same 512 tokens per step).
 # The learning rate is small on purpose: a fresh GPT this wide and deep takes sign-like first
 # AdamW steps, and at 1e-5 or more its loss jumps up before it falls (so does a 463M GPT trained
 # in memory at 1e-4; docs/moonshot.md).
@@ -21,6 +22,7 @@ WIDTH=${WIDTH:-2048}
 HEADS=${HEADS:-16}
 BLOCK=${BLOCK:-256}
 NPROCS=${NPROCS:-2}
+MICRO=${MICRO:-1}  # sequences per rank per step (GAS 1)
 LR=${LR:-3e-6}
 DATA=${DATA:-../shared/data/tinyshakespeare.txt}
 LOG=${LOG:-/tmp/moonshot_run.log}  # the run's whole log is kept here
@@ -35,7 +37,7 @@ model=(--n_layer "$LAYERS" --n_embd "$WIDTH" --n_head "$HEADS" --vocab_size 256
 
 config() {  # $1: zero_optimization JSON
   cat <<JSON
-{"train_batch_size": $NPROCS, "train_micro_batch_size_per_gpu": 1, "steps_per_print": 1,
+{"train_batch_size": $((NPROCS * MICRO)), "train_micro_batch_size_per_gpu": $MICRO, "steps_per_print": 1,
  "wall_clock_breakdown": true, "gradient_clipping": 1.0, "bf16": {"enabled": true},
  "zero_optimization": $1,
  "optimizer": {"type": "AdamW", "params": {"lr": $LR, "weight_decay": 0.01}}}
