@@ -261,6 +261,7 @@ int64_t resume(Engine& engine, const TrainArgs& a, const nlohmann::json& data_st
                     "same data, seed, shuffling, block size and train_batch_size");
       }
       first_step = engine.global_steps();
+      DSCPP_LOG_INFO("loaded the checkpoint: peak RSS so far {:.1f} MiB", peak_rss_bytes() / kMiB);
       if (rank == 0) {
         std::cout << fmt::format("resumed from {} at step {}{}", got.path, first_step,
                                  steps_trained_again(a.save_dir, first_step))

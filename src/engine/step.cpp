@@ -130,7 +130,11 @@ void EngineImpl::backward(const at::Tensor& loss) {
       window_failed_ = true;
       if (side_channel) write_side_channel();
     }
-    reducer.finish_backward();
+    try {
+      reducer.finish_backward();
+    } catch (const IoError&) {
+      window_failed_ = true;  // the gradient shard's disk: the ranks are still in step
+    }
     strategy_->after_backward();
     window_reduced_ = reduce;
   };
@@ -173,10 +177,12 @@ void EngineImpl::backward(const at::Tensor& loss) {
   }
   try {
     t_reduce_wait_ += reducer.finish_backward();
-  } catch (const IoError&) {
-    // Every reduction is done (the ranks are in step), but this rank could not keep its
-    // gradients (its gradient shard's disk failed, NOTE [gradients on disk]): the window is
-    // dropped on every rank at the step.
+  } catch (const CommError&) {
+    throw;  // the collectives failed: the communicator's error stops every rank
+  } catch (...) {
+    // This rank could not keep its gradients (its gradient shard's disk failed, NOTE [gradients
+    // on disk], or memory ran out adding a piece) while the collectives stayed in step: the
+    // window is dropped on every rank at the step.
     window_failed_ = true;
     strategy_->after_backward();
     window_reduced_ = reduce;

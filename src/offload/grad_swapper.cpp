@@ -91,8 +91,13 @@ void GradSwapper::expect(int64_t pos, int64_t n) {
 }
 
 void GradSwapper::begin_backward(bool final) {
+  // A backward that did not reach its end (an exception in the reducer) leaves blocks half
+  // filled: that window is dropped, and nothing of it may count again.
+  while (!writes_.empty()) retire_oldest_write();
+  drop_open_blocks();
   final_ = final;
   error_ = nullptr;
+  squares_valid_ = false;
   if (final_) std::fill(squares_.begin(), squares_.end(), 0.0);
 }
 
@@ -120,35 +125,46 @@ void GradSwapper::retire_oldest_write() {
   free_.push_back(std::move(w.buffer));
 }
 
+void GradSwapper::load(int64_t b, void* buffer) {
+  if (fresh_) {
+    std::memset(buffer, 0, kBlock * item_);
+    return;
+  }
+  // Summed over the window's earlier backwards (their writes were waited for at their ends).
+  const auto t0 = Clock::now();
+  try {
+    file_->read(static_cast<uint64_t>(b * kBlock) * item_, buffer, block_bytes(b))->wait();
+    bytes_read_ += static_cast<int64_t>(block_bytes(b));
+  } catch (...) {
+    keep_error();  // the window is lost; end_backward says so
+    std::memset(buffer, 0, kBlock * item_);
+  }
+  wait_seconds_ += seconds_since(t0);
+}
+
 GradSwapper::Block& GradSwapper::open(int64_t b) {
   auto it = open_.find(b);
   if (it != open_.end()) return it->second;
   Block blk;
   blk.buffer = take_buffer();
   blk.missing = expected_[b];
-  if (fresh_) {
-    std::memset(blk.buffer.data(), 0, blk.buffer.size());
-  } else {
-    // Summed over the window's earlier backwards (their writes were waited for at their ends).
-    const auto t0 = Clock::now();
-    try {
-      file_->read(static_cast<uint64_t>(b * kBlock) * item_, blk.buffer.data(), block_bytes(b))
-          ->wait();
-      bytes_read_ += static_cast<int64_t>(block_bytes(b));
-    } catch (...) {
-      keep_error();  // the window is lost; end_backward says so
-      std::memset(blk.buffer.data(), 0, blk.buffer.size());
-    }
-    wait_seconds_ += seconds_since(t0);
-  }
+  load(b, blk.buffer.data());
   return open_.emplace(b, std::move(blk)).first->second;
+}
+
+void GradSwapper::arrived(int64_t b, int64_t lo, int64_t hi) {
+  Block& blk = open_.at(b);
+  blk.missing -= hi - lo;
+  DSCPP_CHECK(blk.missing >= 0, Error, "internal: block ", b,
+              " of the gradient shard got more elements than its reductions fill");
+  if (blk.missing == 0) close(b);
 }
 
 void GradSwapper::close(int64_t b) {
   auto it = open_.find(b);
+  if (final_) squares_[b] = optim::squared_norm(block_view(it->second, b));
   Block blk = std::move(it->second);
   open_.erase(it);
-  if (final_) squares_[b] = optim::squared_norm(block_view(blk, b));
   while (static_cast<int>(writes_.size()) >= kWritesInFlight) retire_oldest_write();
   Write w;
   w.block = b;
@@ -170,50 +186,72 @@ void GradSwapper::add(int64_t pos, const at::Tensor& piece, double factor) {
   DSCPP_CHECK(pos >= 0 && pos + n <= o_.numel, Error, "internal: elements [", pos, ", ", pos + n,
               ") outside a gradient shard of ", o_.numel);
   at::NoGradGuard no_grad;
-  // The blocks the piece covers, each its part of the piece: [first, last].
   const int64_t first = pos / kBlock, last = (pos + n - 1) / kBlock;
-  auto each_block = [&](const auto& fn) {
-    for (int64_t b = first; b <= last; ++b) {
-      const int64_t lo = std::max(pos, b * kBlock), hi = std::min(pos + n, (b + 1) * kBlock);
-      fn(b, block_view(open(b), b).narrow(0, lo - b * kBlock, hi - lo), lo - pos, hi - lo);
-    }
+  auto range = [&](int64_t b) {
+    return std::make_pair(std::max(pos, b * kBlock), std::min(pos + n, (b + 1) * kBlock));
   };
   if (factor == 1.0) {
-    // a + x rounds once in a vector's lanes and in its scalar tail alike: block by block.
-    each_block([&](int64_t, at::Tensor dst, int64_t off, int64_t len) {
-      dst.add_(piece.narrow(0, off, len));
-    });
-  } else {
-    // One operation over the whole piece, as in memory (NOTE [gradients on disk]).
-    at::Tensor sum = at::empty({n}, piece.options().dtype(o_.dtype));
-    each_block([&](int64_t, at::Tensor src, int64_t off, int64_t len) {
-      sum.narrow(0, off, len).copy_(src);
-    });
-    sum.add_(piece, factor);
-    each_block([&](int64_t, at::Tensor dst, int64_t off, int64_t len) {
-      dst.copy_(sum.narrow(0, off, len));
-    });
+    // a + x rounds once in a vector's lanes and in its scalar tail alike: block by block, each
+    // written as soon as it is complete (a bucket's piece spans up to ~100 blocks).
+    for (int64_t b = first; b <= last; ++b) {
+      const auto [lo, hi] = range(b);
+      block_view(open(b), b).narrow(0, lo - b * kBlock, hi - lo).add_(piece.narrow(0, lo - pos, hi - lo));
+      arrived(b, lo, hi);
+    }
+    return;
   }
+  // One operation over the whole piece, as in memory (NOTE [gradients on disk]). A block the piece
+  // fills alone (not open, this piece all it expects) is not held while the sum is taken: its old
+  // values go into `sum` through a spare buffer and come back into a fresh one.
+  auto alone = [&](int64_t b) {
+    const auto [lo, hi] = range(b);
+    return open_.count(b) == 0 && expected_[b] == hi - lo;
+  };
+  at::Tensor sum = at::empty({n}, piece.options().dtype(o_.dtype));
   for (int64_t b = first; b <= last; ++b) {
-    Block& blk = open_.at(b);
-    const int64_t lo = std::max(pos, b * kBlock), hi = std::min(pos + n, (b + 1) * kBlock);
-    blk.missing -= hi - lo;
-    DSCPP_CHECK(blk.missing >= 0, Error, "internal: block ", b,
-                " of the gradient shard got more elements than its reductions fill");
-    if (blk.missing == 0) close(b);
+    const auto [lo, hi] = range(b);
+    at::Tensor dst = sum.narrow(0, lo - pos, hi - lo);
+    if (alone(b)) {
+      io::AlignedBuffer spare = take_buffer();
+      load(b, spare.data());
+      dst.copy_(at::from_blob(spare.data(), {block_numel(b)}, at::TensorOptions(o_.dtype))
+                    .narrow(0, lo - b * kBlock, hi - lo));
+      free_.push_back(std::move(spare));
+    } else {
+      dst.copy_(block_view(open(b), b).narrow(0, lo - b * kBlock, hi - lo));
+    }
   }
+  sum.add_(piece, factor);
+  for (int64_t b = first; b <= last; ++b) {
+    const auto [lo, hi] = range(b);
+    if (open_.count(b) == 0) {  // filled alone: padding zeros, the rest this piece's sum
+      Block blk;
+      blk.buffer = take_buffer();
+      blk.missing = expected_[b];
+      std::memset(blk.buffer.data(), 0, blk.buffer.size());
+      open_.emplace(b, std::move(blk));
+    }
+    block_view(open_.at(b), b).narrow(0, lo - b * kBlock, hi - lo).copy_(sum.narrow(0, lo - pos, hi - lo));
+    arrived(b, lo, hi);
+  }
+}
+
+void GradSwapper::drop_open_blocks() {
+  for (auto& [b, blk] : open_) free_.push_back(std::move(blk.buffer));
+  open_.clear();
+  if (free_.size() > kWritesInFlight + kBlocksFilling) free_.resize(kWritesInFlight + kBlocksFilling);
 }
 
 void GradSwapper::end_backward() {
   while (!writes_.empty()) retire_oldest_write();
   const bool incomplete = !open_.empty();
   const int64_t first_open = incomplete ? open_.begin()->first : -1;
-  for (auto& [b, blk] : open_) free_.push_back(std::move(blk.buffer));
-  open_.clear();
+  drop_open_blocks();
   if (error_) std::rethrow_exception(error_);
   DSCPP_CHECK(!incomplete, Error, "internal: block ", first_open,
               " of the gradient shard did not get every element its reductions fill");
   fresh_ = false;
+  squares_valid_ = final_;
 }
 
 void GradSwapper::zero() {
@@ -225,10 +263,10 @@ void GradSwapper::zero() {
     free_.push_back(std::move(w.buffer));
   }
   writes_.clear();
-  for (auto& [b, blk] : open_) free_.push_back(std::move(blk.buffer));
-  open_.clear();
+  drop_open_blocks();
   error_ = nullptr;
   fresh_ = true;
+  squares_valid_ = false;
   std::fill(squares_.begin(), squares_.end(), 0.0);
 }
 
@@ -286,7 +324,24 @@ at::Tensor GradSwapper::read(int64_t pos, int64_t n) {
   return at::from_blob(data, {n}, at::TensorOptions(o_.dtype));
 }
 
-double GradSwapper::squared_norm() const {
+double GradSwapper::squared_norm() {
+  if (!squares_valid_) {
+    // The window's last backward was not its boundary's (flush_accumulation at an epoch's ragged
+    // end): the sums are taken now, reading the shard back block by block.
+    io::AlignedBuffer buffer = take_buffer();
+    for (int64_t b = 0; b < blocks(); ++b) {
+      squares_[b] = 0.0;
+      if (expected_[b] == 0) continue;
+      const auto t0 = Clock::now();
+      file_->read(static_cast<uint64_t>(b * kBlock) * item_, buffer.data(), block_bytes(b))->wait();
+      wait_seconds_ += seconds_since(t0);
+      bytes_read_ += static_cast<int64_t>(block_bytes(b));
+      squares_[b] = optim::squared_norm(
+          at::from_blob(buffer.data(), {block_numel(b)}, at::TensorOptions(o_.dtype)));
+    }
+    free_.push_back(std::move(buffer));
+    squares_valid_ = true;
+  }
   double total = 0.0;
   for (double s : squares_) total += s;
   return total;

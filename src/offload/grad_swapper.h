@@ -21,8 +21,10 @@
 //              into two buffers that take turns.
 // The arithmetic per element is the shard in memory's (dst.add_(piece, factor)); with a factor
 // other than 1 (prescale_gradients, gradient_predivide_factor) the piece is added in one
-// operation over a gathered copy, since ATen rounds a * x + b in a vector's lanes differently
-// from its scalar tail, and so the piece's cut points must be the ones memory would have.
+// operation over a gathered copy (a transient tensor the size of the piece), since ATen rounds
+// a * x + b in a vector's lanes differently from its scalar tail, and so the piece's cut points
+// must be the ones memory would have. A window flushed before its boundary
+// (flush_accumulation) took no sums in backward: squared_norm() reads the shard back once.
 // Padding (elements no reduction fills) is zeros: written with its block, or never written
 // (reserved blocks read as zeros).
 #pragma once
@@ -75,7 +77,7 @@ class GradSwapper final : public zero::GradShard {
   int64_t buffer_bytes() const override;
   void read_ahead(int64_t pos, int64_t n) override;
   at::Tensor read(int64_t pos, int64_t n) override;
-  double squared_norm() const override;
+  double squared_norm() override;
   std::string take_report() override;
 
  private:
@@ -101,8 +103,16 @@ class GradSwapper final : public zero::GradShard {
   at::Tensor block_view(const Block& blk, int64_t b) const;  // [block_numel(b)]
   // Block b, made ready to add into (zeros, or read back after the window's first backward).
   Block& open(int64_t b);
+  // Fills `buffer` with block b as it stands before this backward's pieces: zeros, or read back.
+  void load(int64_t b, void* buffer);
+  // Elements [lo, hi) of the piece at [pos, ...) arrived in block b: counted, and the block
+  // closed when complete.
+  void arrived(int64_t b, int64_t lo, int64_t hi);
   // Block b is complete: its sum of squares (final backward) and its write.
   void close(int64_t b);
+  // Forgets the blocks being filled (a backward that did not finish) and keeps the free buffers
+  // to what one backward needs.
+  void drop_open_blocks();
   io::AlignedBuffer take_buffer();
   // Waits for the oldest write, keeping its buffer and its error (the first one).
   void retire_oldest_write();
@@ -117,6 +127,7 @@ class GradSwapper final : public zero::GradShard {
   int64_t file_bytes_ = 0;
   std::vector<int64_t> expected_;  // [blocks] elements the reductions fill per backward
   std::vector<double> squares_;    // [blocks] sums of squares in the window's last backward
+  bool squares_valid_ = false;     // squares_ are the shard's (a final backward ended well)
   std::map<int64_t, Block> open_;  // blocks being filled
   std::deque<Write> writes_;       // in flight, oldest first
   std::vector<io::AlignedBuffer> free_;

@@ -24,7 +24,7 @@ class MemoryGradShard final : public GradShard {
   void zero() override { shard_.zero_(); }
   int64_t bytes() const override { return static_cast<int64_t>(shard_.nbytes()); }
   at::Tensor read(int64_t pos, int64_t n) override { return shard_.narrow(0, pos, n); }
-  double squared_norm() const override { return optim::squared_norm(shard_); }
+  double squared_norm() override { return optim::squared_norm(shard_); }
 
  private:
   at::Tensor shard_;  // [numel] training dtype

@@ -47,13 +47,13 @@ class GradShard {
   // ----- step side (a shard on disk; the window's backwards are over)
   // Starts reading elements [pos, pos + n) for a later read() of the same range.
   virtual void read_ahead(int64_t /*pos*/, int64_t /*n*/) {}
-  // Elements [pos, pos + n) [n] in the training dtype, valid until the second read() after this
-  // one (two buffers take turns).
+  // Elements [pos, pos + n) [n] in the training dtype, valid until the read_ahead() (or read())
+  // that follows the next read() (two buffers take turns).
   virtual at::Tensor read(int64_t pos, int64_t n) = 0;
-  // The squared norm of the final shard in fp64: chunks of optim::kSquaresChunk elements from
-  // its start, summed in order, each as optim::squared_norm sums it (the bits of the norm of the
-  // shard in memory).
-  virtual double squared_norm() const = 0;
+  // The squared norm of the shard in fp64: chunks of optim::kSquaresChunk elements from its
+  // start, summed in order, each as optim::squared_norm sums it (the bits of the norm of the shard
+  // in memory).
+  virtual double squared_norm() = 0;
   // What the shard's disk did since the last call, for the step line; empty in memory.
   virtual std::string take_report() { return {}; }
 };

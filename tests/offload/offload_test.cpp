@@ -514,25 +514,29 @@ TEST(ParamSwapper, StoreTakeReadAheadAndPutAgree) {
 
 // NOTE [gradients on disk]: the shard on disk holds what the shard in memory holds, bit for bit,
 // and gives the same squared norm, whatever order the pieces come in, across block borders,
-// with padding no piece fills, over the micro-steps of a window (factor 1, and a factor that
-// must be added in one operation), and for any read size; a write that fails surfaces at the
-// end of that backward (naming the file), and the next window starts afresh.
+// with padding no piece fills, pieces smaller and larger than a block, over the micro-steps of a
+// window (factor 1, and a factor that must be added in one operation), for any read size, and
+// for a window flushed before its boundary (no final backward); its buffers stay within
+// buffer_bytes_for; a write that fails surfaces at the end of that backward (naming the file),
+// and the next window starts afresh.
 TEST(GradSwapper, HoldsWhatTheShardInMemoryHolds) {
   TempDir dir;
   auto io = io::make_async_io({});
   const int64_t block = int64_t{1} << 20;
   const int64_t numel = 2 * block + 333'333;  // the last block short
-  // The pieces the reductions fill, [pos, n), with padding between some (stays zero).
-  std::vector<std::pair<int64_t, int64_t>> pieces;
+  // The pieces the reductions fill, [pos, n), with padding between some (stays zero): smaller
+  // than a block, or spanning several.
+  std::vector<std::pair<int64_t, int64_t>> small, large{{0, 1000}, {1000, numel - 1007}};
   for (int64_t at = 0; at < numel;) {
     const int64_t n = std::min<int64_t>(numel - at, 300'001 + (at % 7) * 10'000);
-    pieces.emplace_back(at, std::max<int64_t>(1, n - (pieces.size() % 3 == 1 ? 17 : 0)));
+    small.emplace_back(at, std::max<int64_t>(1, n - (small.size() % 3 == 1 ? 17 : 0)));
     at += n;
   }
   for (const double factor : {1.0, 0.37}) {
     for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+     for (const auto& pieces : {small, large}) {
       const std::string what = std::string(c10::toString(dtype)) + " factor " +
-                               std::to_string(factor);
+                               std::to_string(factor) + (pieces.size() == 2 ? " large" : " small");
       offload::GradSwapperOptions o;
       o.path = dir.file("grads");
       o.numel = numel;
@@ -543,15 +547,16 @@ TEST(GradSwapper, HoldsWhatTheShardInMemoryHolds) {
       auto memory = zero::make_memory_grad_shard(numel, at::TensorOptions(dtype));
       for (const auto& [pos, n] : pieces) disk.expect(pos, n);
       at::manual_seed(7);
-      for (int window = 0; window < 2; ++window) {
-        const int gas = window == 0 ? 3 : 1;
+      // Window 2 is flushed before its boundary: none of its backwards is final.
+      for (int window = 0; window < 3; ++window) {
+        const int gas = window == 1 ? 1 : window == 0 ? 3 : 2;
         for (int micro = 0; micro < gas; ++micro) {
-          const bool final = micro == gas - 1;
+          const bool final = micro == gas - 1 && window != 2;
           disk.begin_backward(final);
           // Backward reduces from the end of the shard; one piece comes late.
           std::vector<size_t> order;
           for (size_t i = pieces.size(); i-- > 0;) order.push_back(i);
-          std::swap(order[1], order.back());
+          if (order.size() > 2) std::swap(order[1], order.back());
           for (size_t i : order) {
             const auto [pos, n] = pieces[i];
             at::Tensor piece = at::randn({n}).to(dtype);
@@ -572,11 +577,15 @@ TEST(GradSwapper, HoldsWhatTheShardInMemoryHolds) {
           }
         }
         EXPECT_GT(disk.buffer_bytes(), 0);
+        EXPECT_LE(disk.buffer_bytes(),
+                  offload::GradSwapper::buffer_bytes_for(numel, dtype, o.read_elements))
+            << what;
         EXPECT_EQ(disk.bytes(), 0);
         disk.zero();
         memory->zero();
       }
       EXPECT_NE(disk.take_report().find("gradients on disk: wrote"), std::string::npos);
+     }
     }
   }
   // The third write fails: the backward's end says so, naming the file; the next window works.

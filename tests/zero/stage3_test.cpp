@@ -1240,6 +1240,51 @@ TEST(EngineZero3, GradientsOnDiskTrainBitForBitAsInMemory) {
   }
 }
 
+// A window flushed before its boundary (flush_accumulation at an epoch's ragged end) with the
+// gradient shard on disk: no backward of it took the blocks' sums, so the norm is read back from
+// the disk, with the same bits as in memory (and clipping acts on it alike).
+TEST(EngineZero3, GradientsOnDiskFlushLikeInMemory) {
+  testing::TempDir dir;
+  const std::string nvme = "{\"device\": \"nvme\", \"nvme_path\": \"" + dir.path() + "\"";
+  const std::string bf16 = ", \"bf16\": {\"enabled\": true}";
+  const std::string threshold = ", \"stage3_param_persistence_threshold\": 0";
+  const std::vector<std::string> cfgs{
+      config_json(12, 2, kAdamW + bf16 + zero3(threshold)),  // GAS 3 at world 2
+      config_json(12, 2,
+                  kAdamW + bf16 +
+                      zero3(threshold + ", \"offload_optimizer\": " + nvme +
+                            "}, \"offload_param\": " + nvme + ", \"max_in_cpu\": 0}"))};
+  std::vector<std::vector<double>> norms(2);
+  std::vector<at::Tensor> params(2);
+  for (size_t which = 0; which < cfgs.size(); ++which) {
+    auto errors = run_thread_ranks(2, [&](Communicator& c) {
+      StackNet net = make_stack_net(100 + c.rank());
+      InitOptions opts = borrowed(c);
+      opts.zero_units = kEverything;
+      auto engine = initialize(net.ptr(), cfgs[which], opts);
+      auto X = dataset_x().narrow(0, 2 * c.rank(), 2).to(at::kBFloat16);
+      auto Y = dataset_y().narrow(0, 2 * c.rank(), 2);
+      for (int k = 0; k < 5; ++k) {  // a whole window of 3 micro-steps, then 2 and the flush
+        engine->backward(at::mse_loss(net->forward(X).to(at::kFloat), Y));
+        engine->step();
+        if (k == 2 && c.rank() == 0) norms[which].push_back(engine->last_step().grad_norm);
+      }
+      engine->flush_accumulation();
+      EXPECT_EQ(engine->global_steps(), 2);
+      if (c.rank() == 0) norms[which].push_back(engine->last_step().grad_norm);
+      zero::GatheredParameters whole(*net);
+      std::vector<at::Tensor> flat;
+      for (auto& p : net->parameters()) flat.push_back(p.detach().reshape({-1}).to(at::kFloat));
+      if (c.rank() == 0) params[which] = at::cat(flat);
+    });
+    for (auto& e : errors) EXPECT_FALSE(e) << error_text(e);
+  }
+  ASSERT_EQ(norms[0].size(), 2u);
+  EXPECT_GT(norms[0][1], 0);
+  EXPECT_EQ(norms[1], norms[0]);
+  EXPECT_TRUE(at::equal(params[1], params[0]));
+}
+
 // offload_param cpu of a model on a device (NOTE [shards off the device]), the device being the
 // tests' stand-in for a GPU: every unit's shard waits in host memory and goes up for its
 // all-gathers, read ahead on the recorded order (buffer_count 1 and 5); with the fp32 weights on
