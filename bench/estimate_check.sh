@@ -62,7 +62,7 @@ JSON
           est=$(build/dscpp estimate --config "$WORK/cfg.json" --model gpt $(shape "$model") \
                   --vocab_size 256 --num_procs "$world" |
                 awk -F'|' -v name="$(row_name "$stage" "$off")" \
-                  '{ gsub(/^ +| +$/, "", $2) } $2 == name { gsub(/ /, "", $9); print $9 * 1024; exit }')
+                  '{ gsub(/^ +| +$/, "", $2) } $2 == name { gsub(/ /, "", $10); print $10 * 1024; exit }')
           port=$((port + 1))
           # shellcheck disable=SC2046
           build/dscpp launch --num_procs "$world" --master_port "$port" build/dscpp train \

@@ -230,19 +230,21 @@ int estimate_main(int argc, char** argv) {
                            source);
   auto gib = [](int64_t b) { return fmt::format("{:.2f}", b / double(int64_t{1} << 30)); };
   if (!in.on_gpu) {
-    std::cout << "| setting | params | grads | fp32 master | optimizer | largest unit | swap "
-                 "buffers | memory per rank | per host | disk per rank | fits here |\n"
-                 "|---|---|---|---|---|---|---|---|---|---|---|\n";
+    std::cout << "| setting | params | grads | fp32 master | optimizer | largest unit | gradient "
+                 "staging | swap buffers | memory per rank | per host | disk per rank | fits here "
+                 "|\n"
+                 "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     for (const engine::Estimate& e : engine::estimate_all(in, config)) {
       const int64_t host = e.memory() * per_host;
       std::cout << fmt::format(
-          "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", e.describe(), gib(e.params),
-          gib(e.grads), gib(e.master), gib(e.optimizer_state), gib(e.live_unit),
-          gib(e.swap_buffers), gib(e.memory()), gib(host),
+          "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", e.describe(),
+          gib(e.params), gib(e.grads), gib(e.master), gib(e.optimizer_state), gib(e.live_unit),
+          gib(e.staging), gib(e.swap_buffers), gib(e.memory()), gib(host),
           gib(e.peak_disk()), host <= avail ? "yes" : "no");
     }
-    std::cout << "\n(GiB. Model states only: activations, communication buffers and the program "
-                 "itself come on top. Stage 3 adds the largest unit gathered whole; offload adds "
+    std::cout << "\n(GiB. Model states and the engine's buffers only: activations and the program "
+                 "itself come on top. Stage 3 adds the largest unit gathered whole; stages 2-3 "
+                 "the gradient staging slots (one bucket, two with overlap_comm); offload adds "
                  "the swap pipeline's buffers, 3 sub-groups at most, and with the parameters on "
                  "nvme the unit shards read ahead, offload_param.buffer_count + 2 at most; with "
                  "both on nvme the gradient shard is on disk too (its blocks in flight and two "
@@ -254,21 +256,21 @@ int estimate_main(int argc, char** argv) {
     // A model on GPUs: "cpu" offload moves bytes into host memory, a tier of its own.
     const auto gpu = static_cast<int64_t>(gpu_gb * double(int64_t{1} << 30));
     std::cout << fmt::format("each rank on a GPU of {} GiB\n\n", gpu_gb);
-    std::cout << "| setting | params | grads | fp32 master | optimizer | largest unit | swap and "
-                 "copy buffers | per GPU | host memory per rank | per host | disk per rank | "
-                 "fits the GPU | fits host memory |\n"
-                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    std::cout << "| setting | params | grads | fp32 master | optimizer | largest unit | gradient "
+                 "staging | swap and copy buffers | per GPU | host memory per rank | per host | "
+                 "disk per rank | fits the GPU | fits host memory |\n"
+                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     for (const engine::Estimate& e : engine::estimate_all(in, config)) {
       const int64_t host = e.host() * per_host;
       std::cout << fmt::format(
-          "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", e.describe(),
-          gib(e.params), gib(e.grads), gib(e.master), gib(e.optimizer_state), gib(e.live_unit),
-          gib(e.swap_buffers), gib(e.gpu()), gib(e.host()), gib(host),
+          "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+          e.describe(), gib(e.params), gib(e.grads), gib(e.master), gib(e.optimizer_state),
+          gib(e.live_unit), gib(e.staging), gib(e.swap_buffers), gib(e.gpu()), gib(e.host()), gib(host),
           gib(e.peak_disk()), e.gpu() <= gpu ? "yes" : "no",
           host <= avail ? "yes" : "no");
     }
-    std::cout << "\n(GiB. Model states only: activations, communication buffers and the program "
-                 "itself come on top, on the GPU. With the optimizer on cpu its fp32 weights, "
+    std::cout << "\n(GiB. Model states and the engine's buffers only: activations and the "
+                 "program itself come on top, on the GPU. With the optimizer on cpu its fp32 weights, "
                  "states, the gradients' host buffer and the sub-groups going up are in host "
                  "memory; with the parameters on cpu every unit shard is, and "
                  "offload_param.buffer_count of them are on the GPU in transit.)\n";

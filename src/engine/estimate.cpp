@@ -15,6 +15,7 @@
 #include "dscpp/error.h"
 #include "dscpp/optim.h"
 #include "offload/grad_swapper.h"
+#include "zero/reducer.h"
 #include "util/log.h"
 
 namespace dscpp::engine {
@@ -119,6 +120,18 @@ Estimate estimate(const EstimateInput& in, const Config& c, int stage,
     e.swap_buffers += offload::GradSwapper::buffer_bytes_for(part, dtype, sub);
   }
   if (stage == 3) e.live_unit = in.largest_unit * b;
+  if (stage >= 2) {
+    // The slots hold a bucket of the flat gradient space, which never crosses a group (the model
+    // at stage 2, a unit at stage 3; NOTE [bucket cap] in src/zero/reducer.h); overlap_comm
+    // defaults to stage 3 (DeepSpeed's). Without contiguous_gradients a bucket's slot is
+    // allocated when it fills and freed once reduced: the same peak. (A parameter larger than
+    // the bucket size makes a larger bucket of its own; not counted.)
+    const auto& z = c.zero_optimization;
+    const bool overlap = stage == z.stage ? z.overlap_comm : stage == 3;
+    int64_t bucket = std::min(zero::capped_bucket_size(z.reduce_bucket_size, psi), psi);
+    if (stage == 3 && in.largest_unit > 0) bucket = std::min(bucket, in.largest_unit);
+    e.staging = (overlap ? 2 : 1) * bucket * b;
+  }
   return e;
 }
 

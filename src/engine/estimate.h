@@ -36,6 +36,9 @@ struct Estimate {
   std::string offload_param = "none";      // likewise (stage 3)
   int64_t params = 0, grads = 0, master = 0, optimizer_state = 0;
   int64_t live_unit = 0;     // stage 3: the largest unit gathered whole
+  // Stages 2-3: the gradient staging slots (NOTE [stage 2 slots]): one, or two with
+  // overlap_comm, of the largest bucket (MemoryStats::staging).
+  int64_t staging = 0;
   int64_t swap_buffers = 0;  // offload: the swap pipelines' and the copies' buffers
   int64_t disk = 0;          // offload_optimizer: its swap file
   int64_t param_disk = 0;    // offload_param: its swap file
@@ -48,7 +51,7 @@ struct Estimate {
   // there, and the swap files' buffers).
   int64_t host_part = 0;
   int64_t model_states() const { return params + grads + master + optimizer_state; }
-  int64_t memory() const { return model_states() + live_unit + swap_buffers; }
+  int64_t memory() const { return model_states() + live_unit + staging + swap_buffers; }
   // Where memory() lies: on the GPU (0 for a model on the CPU) and in host memory.
   int64_t gpu() const { return on_gpu ? memory() - host_part : 0; }
   int64_t host() const { return on_gpu ? host_part : memory(); }
