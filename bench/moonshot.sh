@@ -71,7 +71,8 @@ echo
 echo "## ZeRO stage 3, parameters and optimizer on nvme ($SWAP), $LAYERS x $WIDTH, $NPROCS rank(s)"
 # The disk it needs, per dscpp estimate (the swap files, and zero::Init's spill at set-up).
 config '{"stage": 3, "sub_group_size": 10000000,
-   "offload_optimizer": {"device": "nvme", "nvme_path": "'"$SWAP"'"},
+   "offload_optimizer": {"device": "nvme", "nvme_path": "'"$SWAP"'", "pipeline_read": true,
+                         "pipeline_write": true},
    "offload_param": {"device": "nvme", "nvme_path": "'"$SWAP"'", "max_in_cpu": 0}}' >"$WORK/est.json"
 build/dscpp estimate --config "$WORK/est.json" --model gpt --n_layer "$LAYERS" --n_embd "$WIDTH" \
   --n_head "$HEADS" --vocab_size 256 --block_size "$BLOCK" --num_procs "$NPROCS" 2>&1 |
