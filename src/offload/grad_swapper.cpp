@@ -35,6 +35,7 @@ GradSwapper::GradSwapper(io::AsyncIo& io, GradSwapperOptions options)
   const int64_t n_blocks = (o_.numel + kBlock - 1) / kBlock;
   expected_.assign(n_blocks, 0);
   squares_.assign(n_blocks, 0.0);
+  complete_.assign(n_blocks, 0);
   file_ = io.open(o_.path);
   std::remove(o_.path.c_str());  // lives as long as it is open
   file_->reserve(static_cast<uint64_t>(file_bytes_));
@@ -54,6 +55,7 @@ GradSwapper::~GradSwapper() {
     } catch (...) {
     }
   }
+  drop_read_ahead();
 }
 
 int64_t GradSwapper::file_bytes_for(int64_t numel, at::ScalarType dtype) {
@@ -64,7 +66,7 @@ int64_t GradSwapper::buffer_bytes_for(int64_t numel, at::ScalarType dtype, int64
   const int64_t item = static_cast<int64_t>(c10::elementSize(dtype));
   const int64_t blocks = (numel + kBlock - 1) / kBlock;
   const int64_t reads = numel > 0 ? 2 : 0;
-  return std::min<int64_t>(blocks, kWritesInFlight + kBlocksFilling) * kBlock * item +
+  return std::min<int64_t>(blocks, kBuffersKept) * kBlock * item +
          reads * static_cast<int64_t>(io::align_up(std::min(read_elements, numel) * item) +
                                       io::kDirectAlignment);
 }
@@ -98,6 +100,7 @@ void GradSwapper::begin_backward(bool final) {
   final_ = final;
   error_ = nullptr;
   squares_valid_ = false;
+  std::fill(complete_.begin(), complete_.end(), 0);
   if (final_) std::fill(squares_.begin(), squares_.end(), 0.0);
 }
 
@@ -146,10 +149,51 @@ GradSwapper::Block& GradSwapper::open(int64_t b) {
   auto it = open_.find(b);
   if (it != open_.end()) return it->second;
   Block blk;
-  blk.buffer = take_buffer();
   blk.missing = expected_[b];
-  load(b, blk.buffer.data());
+  if (ahead_.block == b) {  // read ahead: wait for it and take its buffer
+    const auto t0 = Clock::now();
+    try {
+      ahead_.handle->wait();
+    } catch (...) {
+      keep_error();  // the window is lost; end_backward says so
+      std::memset(ahead_.buffer.data(), 0, ahead_.buffer.size());
+    }
+    wait_seconds_ += seconds_since(t0);
+    blk.buffer = std::move(ahead_.buffer);
+    ahead_ = Ahead{};
+  } else {
+    blk.buffer = take_buffer();
+    load(b, blk.buffer.data());
+  }
   return open_.emplace(b, std::move(blk)).first->second;
+}
+
+void GradSwapper::read_block_ahead(int64_t b) {
+  if (fresh_ || b < 0 || b >= blocks() || expected_[b] == 0 || open_.count(b) != 0 ||
+      complete_[b] || ahead_.block == b)
+    return;
+  drop_read_ahead();
+  io::AlignedBuffer buffer = take_buffer();
+  try {
+    ahead_.handle =
+        file_->read(static_cast<uint64_t>(b * kBlock) * item_, buffer.data(), block_bytes(b));
+  } catch (...) {
+    free_.push_back(std::move(buffer));  // open() reads it then, and meets the error itself
+    return;
+  }
+  bytes_read_ += static_cast<int64_t>(block_bytes(b));
+  ahead_.block = b;
+  ahead_.buffer = std::move(buffer);
+}
+
+void GradSwapper::drop_read_ahead() {
+  if (ahead_.block < 0) return;
+  try {
+    ahead_.handle->wait();
+  } catch (...) {  // nobody needs the block now
+  }
+  free_.push_back(std::move(ahead_.buffer));
+  ahead_ = Ahead{};
 }
 
 void GradSwapper::arrived(int64_t b, int64_t lo, int64_t hi) {
@@ -165,6 +209,7 @@ void GradSwapper::close(int64_t b) {
   if (final_) squares_[b] = optim::squared_norm(block_view(it->second, b));
   Block blk = std::move(it->second);
   open_.erase(it);
+  complete_[b] = 1;
   while (static_cast<int>(writes_.size()) >= kWritesInFlight) retire_oldest_write();
   Write w;
   w.block = b;
@@ -192,9 +237,13 @@ void GradSwapper::add(int64_t pos, const at::Tensor& piece, double factor) {
   };
   if (factor == 1.0) {
     // a + x rounds once in a vector's lanes and in its scalar tail alike: block by block, each
-    // written as soon as it is complete (a bucket's piece spans up to ~100 blocks).
-    for (int64_t b = first; b <= last; ++b) {
+    // written as soon as it is complete (a bucket's piece spans up to ~100 blocks), from the
+    // piece's end to its start as the reductions come, the block below read ahead meanwhile
+    // (after the window's first backward).
+    for (int64_t b = last; b >= first; --b) {
       const auto [lo, hi] = range(b);
+      open(b);
+      read_block_ahead(b - 1);
       block_view(open(b), b).narrow(0, lo - b * kBlock, hi - lo).add_(piece.narrow(0, lo - pos, hi - lo));
       arrived(b, lo, hi);
     }
@@ -212,6 +261,7 @@ void GradSwapper::add(int64_t pos, const at::Tensor& piece, double factor) {
     const auto [lo, hi] = range(b);
     at::Tensor dst = sum.narrow(0, lo - pos, hi - lo);
     if (alone(b)) {
+      if (ahead_.block == b) drop_read_ahead();
       io::AlignedBuffer spare = take_buffer();
       load(b, spare.data());
       dst.copy_(at::from_blob(spare.data(), {block_numel(b)}, at::TensorOptions(o_.dtype))
@@ -237,9 +287,10 @@ void GradSwapper::add(int64_t pos, const at::Tensor& piece, double factor) {
 }
 
 void GradSwapper::drop_open_blocks() {
+  drop_read_ahead();
   for (auto& [b, blk] : open_) free_.push_back(std::move(blk.buffer));
   open_.clear();
-  if (free_.size() > kWritesInFlight + kBlocksFilling) free_.resize(kWritesInFlight + kBlocksFilling);
+  if (free_.size() > kBuffersKept) free_.resize(kBuffersKept);
 }
 
 void GradSwapper::end_backward() {
@@ -276,7 +327,7 @@ int64_t GradSwapper::buffer_bytes() const {
   for (const auto& w : writes_) total += static_cast<int64_t>(w.buffer.size());
   for (const auto& f : free_) total += static_cast<int64_t>(f.size());
   for (const auto& r : reads_) total += static_cast<int64_t>(r.size());
-  return total;
+  return total + static_cast<int64_t>(ahead_.buffer.size());
 }
 
 uint64_t GradSwapper::first_byte(int64_t pos) const {

@@ -7,7 +7,8 @@
 // the training dtype, element i at byte i * itemsize. It is cut into blocks of
 // optim::kSquaresChunk elements (2 MiB in bf16), each assembled in an aligned buffer:
 //   backward   each reduction's piece is added into the blocks it covers (a block is zeros in a
-//              window's first backward and read back from disk in the later ones); a block is
+//              window's first backward and read back from disk in the later ones, from the
+//              piece's end to its start, the block below read ahead meanwhile); a block is
 //              written out the moment every element the reductions fill has arrived (the
 //              reducer says which at set-up, expect()), so only the blocks being filled (about
 //              two: reductions arrive from the end of the shard to its start) and the writes in
@@ -83,6 +84,7 @@ class GradSwapper final : public zero::GradShard {
  private:
   static constexpr int kWritesInFlight = 8;
   static constexpr int kBlocksFilling = 2;  // reductions arrive from the shard's end to its start
+  static constexpr int kBuffersKept = kWritesInFlight + kBlocksFilling + 1;  // + one read ahead
   struct Block {
     io::AlignedBuffer buffer;
     int64_t missing = 0;  // elements the reductions still fill in this backward
@@ -105,6 +107,11 @@ class GradSwapper final : public zero::GradShard {
   Block& open(int64_t b);
   // Fills `buffer` with block b as it stands before this backward's pieces: zeros, or read back.
   void load(int64_t b, void* buffer);
+  // After the window's first backward: starts reading block b, the one expected next (reductions
+  // come from the shard's end to its start), unless it is open, read ahead already, or empty.
+  void read_block_ahead(int64_t b);
+  // Waits for the read ahead (if any) and frees its buffer.
+  void drop_read_ahead();
   // Elements [lo, hi) of the piece at [pos, ...) arrived in block b: counted, and the block
   // closed when complete.
   void arrived(int64_t b, int64_t lo, int64_t hi);
@@ -129,6 +136,13 @@ class GradSwapper final : public zero::GradShard {
   std::vector<double> squares_;    // [blocks] sums of squares in the window's last backward
   bool squares_valid_ = false;     // squares_ are the shard's (a final backward ended well)
   std::map<int64_t, Block> open_;  // blocks being filled
+  struct Ahead {
+    int64_t block = -1;
+    io::AlignedBuffer buffer;
+    io::IoHandle handle;
+  };
+  Ahead ahead_;                 // the block read ahead in a window's later backwards
+  std::vector<char> complete_;  // [blocks] closed in this backward
   std::deque<Write> writes_;       // in flight, oldest first
   std::vector<io::AlignedBuffer> free_;
   std::exception_ptr error_;  // the first failure of this backward
