@@ -236,11 +236,11 @@ int estimate_main(int argc, char** argv) {
                  "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     for (const engine::Estimate& e : engine::estimate_all(in, config)) {
       const int64_t host = e.memory() * per_host;
-      std::cout << fmt::format(
-          "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", e.describe(),
-          gib(e.params), gib(e.grads), gib(e.master), gib(e.optimizer_state), gib(e.live_unit),
-          gib(e.staging), gib(e.swap_buffers), gib(e.memory()), gib(host),
-          gib(e.peak_disk()), host <= avail ? "yes" : "no");
+      std::cout << fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                               e.describe(), gib(e.params), gib(e.grads), gib(e.master),
+                               gib(e.optimizer_state), gib(e.live_unit), gib(e.staging),
+                               gib(e.swap_buffers), gib(e.memory()), gib(host), gib(e.peak_disk()),
+                               host <= avail ? "yes" : "no");
     }
     std::cout << "\n(GiB. Model states and the engine's buffers only: activations and the program "
                  "itself come on top. Stage 3 adds the largest unit gathered whole; stages 2-3 "
@@ -263,17 +263,17 @@ int estimate_main(int argc, char** argv) {
     for (const engine::Estimate& e : engine::estimate_all(in, config)) {
       const int64_t host = e.host() * per_host;
       std::cout << fmt::format(
-          "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-          e.describe(), gib(e.params), gib(e.grads), gib(e.master), gib(e.optimizer_state),
-          gib(e.live_unit), gib(e.staging), gib(e.swap_buffers), gib(e.gpu()), gib(e.host()), gib(host),
-          gib(e.peak_disk()), e.gpu() <= gpu ? "yes" : "no",
-          host <= avail ? "yes" : "no");
+          "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", e.describe(),
+          gib(e.params), gib(e.grads), gib(e.master), gib(e.optimizer_state), gib(e.live_unit),
+          gib(e.staging), gib(e.swap_buffers), gib(e.gpu()), gib(e.host()), gib(host),
+          gib(e.peak_disk()), e.gpu() <= gpu ? "yes" : "no", host <= avail ? "yes" : "no");
     }
-    std::cout << "\n(GiB. Model states and the engine's buffers only: activations and the "
-                 "program itself come on top, on the GPU. With the optimizer on cpu its fp32 weights, "
-                 "states, the gradients' host buffer and the sub-groups going up are in host "
-                 "memory; with the parameters on cpu every unit shard is, and "
-                 "offload_param.buffer_count of them are on the GPU in transit.)\n";
+    std::cout
+        << "\n(GiB. Model states and the engine's buffers only: activations and the "
+           "program itself come on top, on the GPU. With the optimizer on cpu its fp32 weights, "
+           "states, the gradients' host buffer and the sub-groups going up are in host "
+           "memory; with the parameters on cpu every unit shard is, and "
+           "offload_param.buffer_count of them are on the GPU in transit.)\n";
   }
   if (net.gbit > 0) {
     DSCPP_CHECK(num_procs % num_nodes == 0, ConfigError, "--num_procs ", num_procs,

@@ -15,8 +15,8 @@
 #include "dscpp/error.h"
 #include "dscpp/optim.h"
 #include "offload/grad_swapper.h"
-#include "zero/reducer.h"
 #include "util/log.h"
+#include "zero/reducer.h"
 
 namespace dscpp::engine {
 

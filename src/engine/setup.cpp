@@ -16,8 +16,8 @@
 #include "engine/engine_impl.h"
 #include "engine/estimate.h"
 #include "offload/device_shards.h"
-#include "offload/optimizer_swapper.h"
 #include "offload/grad_swapper.h"
+#include "offload/optimizer_swapper.h"
 #include "offload/param_swapper.h"
 #include "util/fault_inject.h"
 #include "util/log.h"
@@ -596,7 +596,7 @@ std::unique_ptr<offload::OptimizerSwapper> EngineImpl::build_swapper(int64_t par
 }
 
 std::unique_ptr<offload::GradSwapper> EngineImpl::build_grad_swapper(int64_t numel,
-                                                                      at::ScalarType dtype) {
+                                                                     at::ScalarType dtype) {
   const auto& oo = config_.zero_optimization.offload_optimizer;
   offload::GradSwapperOptions go;
   go.path = fmt::format("{}/dscpp_gradients_rank{}_pid{}.swp", oo.nvme_path.value_or(""),

@@ -75,6 +75,10 @@ int64_t GradSwapper::block_numel(int64_t b) const {
   return std::min(kBlock, o_.numel - b * kBlock);
 }
 
+uint64_t GradSwapper::block_offset(int64_t b) const {
+  return static_cast<uint64_t>(b * kBlock) * item_;
+}
+
 size_t GradSwapper::block_bytes(int64_t b) const { return io::align_up(block_numel(b) * item_); }
 
 at::Tensor GradSwapper::block_view(const Block& blk, int64_t b) const {
@@ -136,7 +140,7 @@ void GradSwapper::load(int64_t b, void* buffer) {
   // Summed over the window's earlier backwards (their writes were waited for at their ends).
   const auto t0 = Clock::now();
   try {
-    file_->read(static_cast<uint64_t>(b * kBlock) * item_, buffer, block_bytes(b))->wait();
+    file_->read(block_offset(b), buffer, block_bytes(b))->wait();
     bytes_read_ += static_cast<int64_t>(block_bytes(b));
   } catch (...) {
     keep_error();  // the window is lost; end_backward says so
@@ -175,8 +179,7 @@ void GradSwapper::read_block_ahead(int64_t b) {
   drop_read_ahead();
   io::AlignedBuffer buffer = take_buffer();
   try {
-    ahead_.handle =
-        file_->read(static_cast<uint64_t>(b * kBlock) * item_, buffer.data(), block_bytes(b));
+    ahead_.handle = file_->read(block_offset(b), buffer.data(), block_bytes(b));
   } catch (...) {
     free_.push_back(std::move(buffer));  // open() reads it then, and meets the error itself
     return;
@@ -212,10 +215,8 @@ void GradSwapper::close(int64_t b) {
   complete_[b] = 1;
   while (static_cast<int>(writes_.size()) >= kWritesInFlight) retire_oldest_write();
   Write w;
-  w.block = b;
   try {
-    w.handle =
-        file_->write(static_cast<uint64_t>(b * kBlock) * item_, blk.buffer.data(), block_bytes(b));
+    w.handle = file_->write(block_offset(b), blk.buffer.data(), block_bytes(b));
   } catch (...) {
     keep_error();
     free_.push_back(std::move(blk.buffer));
@@ -242,9 +243,11 @@ void GradSwapper::add(int64_t pos, const at::Tensor& piece, double factor) {
     // (after the window's first backward).
     for (int64_t b = last; b >= first; --b) {
       const auto [lo, hi] = range(b);
-      open(b);
-      read_block_ahead(b - 1);
-      block_view(open(b), b).narrow(0, lo - b * kBlock, hi - lo).add_(piece.narrow(0, lo - pos, hi - lo));
+      Block& blk = open(b);
+      read_block_ahead(b - 1);  // touches no open block
+      block_view(blk, b)
+          .narrow(0, lo - b * kBlock, hi - lo)
+          .add_(piece.narrow(0, lo - pos, hi - lo));
       arrived(b, lo, hi);
     }
     return;
@@ -281,7 +284,9 @@ void GradSwapper::add(int64_t pos, const at::Tensor& piece, double factor) {
       std::memset(blk.buffer.data(), 0, blk.buffer.size());
       open_.emplace(b, std::move(blk));
     }
-    block_view(open_.at(b), b).narrow(0, lo - b * kBlock, hi - lo).copy_(sum.narrow(0, lo - pos, hi - lo));
+    block_view(open_.at(b), b)
+        .narrow(0, lo - b * kBlock, hi - lo)
+        .copy_(sum.narrow(0, lo - pos, hi - lo));
     arrived(b, lo, hi);
   }
 }
@@ -384,7 +389,7 @@ double GradSwapper::squared_norm() {
       squares_[b] = 0.0;
       if (expected_[b] == 0) continue;
       const auto t0 = Clock::now();
-      file_->read(static_cast<uint64_t>(b * kBlock) * item_, buffer.data(), block_bytes(b))->wait();
+      file_->read(block_offset(b), buffer.data(), block_bytes(b))->wait();
       wait_seconds_ += seconds_since(t0);
       bytes_read_ += static_cast<int64_t>(block_bytes(b));
       squares_[b] = optim::squared_norm(

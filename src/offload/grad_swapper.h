@@ -90,7 +90,6 @@ class GradSwapper final : public zero::GradShard {
     int64_t missing = 0;  // elements the reductions still fill in this backward
   };
   struct Write {
-    int64_t block = 0;
     io::AlignedBuffer buffer;
     io::IoHandle handle;
   };
@@ -101,6 +100,7 @@ class GradSwapper final : public zero::GradShard {
 
   int64_t blocks() const { return static_cast<int64_t>(expected_.size()); }
   int64_t block_numel(int64_t b) const;
+  uint64_t block_offset(int64_t b) const;  // in the file
   size_t block_bytes(int64_t b) const;
   at::Tensor block_view(const Block& blk, int64_t b) const;  // [block_numel(b)]
   // Block b, made ready to add into (zeros, or read back after the window's first backward).
@@ -143,7 +143,7 @@ class GradSwapper final : public zero::GradShard {
   };
   Ahead ahead_;                 // the block read ahead in a window's later backwards
   std::vector<char> complete_;  // [blocks] closed in this backward
-  std::deque<Write> writes_;       // in flight, oldest first
+  std::deque<Write> writes_;    // in flight, oldest first
   std::vector<io::AlignedBuffer> free_;
   std::exception_ptr error_;  // the first failure of this backward
   bool fresh_ = true;         // the window's first backward: blocks start as zeros

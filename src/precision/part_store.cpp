@@ -209,9 +209,8 @@ class SwapStore final : public PartStore {
     if (copies_) copies_->gradients_final(parts);
     const size_t first_state = with_values_ ? 1 : 0;
     // A gradient shard on disk (NOTE [gradients on disk]) is read sub-group by sub-group, the
-    // next one while this one steps.
-    grads_on_disk_ = nullptr;
-    for (const auto& part : parts) grads_on_disk_ = grads_on_disk_ ? grads_on_disk_ : part.grads_on_disk;
+    // next one while this one steps (every part's, when one has it: the engine checks).
+    grads_on_disk_ = parts.empty() ? nullptr : parts.front().grads_on_disk;
     const int64_t numel = swapper_->numel();
     auto sub_group_at = [&](int64_t begin) { return std::min(sub_group_size_, numel - begin); };
     if (grads_on_disk_ && numel > 0) grads_on_disk_->read_ahead(0, sub_group_at(0));
@@ -236,9 +235,10 @@ class SwapStore final : public PartStore {
               for (size_t i = first_state; i < t.size(); ++i)
                 ctx.state.push_back(t[i].narrow(0, lo - begin, hi - lo));
               if (ctx.state.empty()) ctx.offset = lo;  // a stateless optimizer (SGD, no momentum)
-              const at::Tensor g = copies_                   ? copies_->grads(lo, hi - lo)
-                                   : part.grads.defined() ? part.grads.narrow(0, lo - part.offset, hi - lo)
-                                                          : disk_grads.narrow(0, lo - begin, hi - lo);
+              const at::Tensor g = copies_ ? copies_->grads(lo, hi - lo)
+                                   : part.grads.defined()
+                                       ? part.grads.narrow(0, lo - part.offset, hi - lo)
+                                       : disk_grads.narrow(0, lo - begin, hi - lo);
               optimizer.step(w, fp32_grads_(g), ctx);
               if (copies_ && !part.sink) {
                 // The swap buffer is written back and reused: the parameters go up from a copy.

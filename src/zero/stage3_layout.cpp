@@ -383,8 +383,7 @@ std::vector<Part> Stage3::parts() {
   };
   const int64_t rs = resident_layout_.shard;
   if (rs > 0) {
-    part(resident_flat_.narrow(0, resident_layout_.shard_offset(comm_.rank()), rs), 0, rs,
-         nullptr);
+    part(resident_flat_.narrow(0, resident_layout_.shard_offset(comm_.rank()), rs), 0, rs, nullptr);
   }
   if (shards_.numel() > 0) part(shards_, rs, shards_.numel(), nullptr);
   if (param_swap_) {  // the rest of the part, on disk (NOTE [stage 3 parameter offload])

@@ -155,7 +155,8 @@ TEST(Estimate, HostTierMatchesTheEngineThroughTheStandIn) {
         if (!params) expect_within(m.offload_buffers, e.swap_buffers, what + " buffers");
         // What stays on the GPU: the parameters (with both, only the shards in transit, which
         // come with training) and the gradients.
-        if (!params) expect_within(m.params + m.grads, e.gpu() - e.live_unit - e.staging, what + " GPU");
+        if (!params)
+          expect_within(m.params + m.grads, e.gpu() - e.live_unit - e.staging, what + " GPU");
       });
       for (auto& err : errors) EXPECT_FALSE(err) << what << ": " << error_text(err);
     }

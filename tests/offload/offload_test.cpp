@@ -17,12 +17,12 @@
 #include "dscpp/async_io.h"
 #include "dscpp/engine.h"
 #include "dscpp/error.h"
-#include "optim/dispatch.h"
 #include "engine/test_net.h"
-#include "offload/offload_test_util.h"
 #include "offload/grad_swapper.h"
+#include "offload/offload_test_util.h"
 #include "offload/optimizer_swapper.h"
 #include "offload/param_swapper.h"
+#include "optim/dispatch.h"
 #include "support/errors.h"
 #include "support/fault_async_io.h"
 #include "support/temp_dir.h"
@@ -271,12 +271,13 @@ TEST(Offload, AGradientWriteFailingInBackwardDropsTheStepOnEveryRank) {
   io::AioFault fault{io::AioFault::Kind::fail_write, 2};
   fault.only_path = "dscpp_gradients_rank1";
   io::FaultAsyncIo failing(fault, io::make_async_io({}));
-  const std::string cfg = config_json(
-      8, 4,
-      kAdamW + ", \"bf16\": {\"enabled\": true}, \"zero_optimization\": {\"stage\": 3, "
-               "\"stage3_param_persistence_threshold\": 0, \"offload_optimizer\": " +
-          nvme(dir.path()) + ", \"offload_param\": " + nvme(dir.path(), ", \"max_in_cpu\": 0") +
-          "}");
+  const std::string cfg =
+      config_json(8, 4,
+                  kAdamW +
+                      ", \"bf16\": {\"enabled\": true}, \"zero_optimization\": {\"stage\": 3, "
+                      "\"stage3_param_persistence_threshold\": 0, \"offload_optimizer\": " +
+                      nvme(dir.path()) +
+                      ", \"offload_param\": " + nvme(dir.path(), ", \"max_in_cpu\": 0") + "}");
   std::vector<std::string> backward_error(2), step_error(2);
   std::vector<double> last_loss(2);
   auto errors = run_thread_ranks(2, [&](Communicator& c) {
@@ -534,58 +535,59 @@ TEST(GradSwapper, HoldsWhatTheShardInMemoryHolds) {
   }
   for (const double factor : {1.0, 0.37}) {
     for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
-     for (const auto& pieces : {small, large}) {
-      const std::string what = std::string(c10::toString(dtype)) + " factor " +
-                               std::to_string(factor) + (pieces.size() == 2 ? " large" : " small");
-      offload::GradSwapperOptions o;
-      o.path = dir.file("grads");
-      o.numel = numel;
-      o.dtype = dtype;
-      o.read_elements = 700'000;
-      offload::GradSwapper disk(*io, o);
-      EXPECT_TRUE(dir.entries().empty()) << "unlinked while open";
-      auto memory = zero::make_memory_grad_shard(numel, at::TensorOptions(dtype));
-      for (const auto& [pos, n] : pieces) disk.expect(pos, n);
-      at::manual_seed(7);
-      // Window 2 is flushed before its boundary: none of its backwards is final.
-      for (int window = 0; window < 3; ++window) {
-        const int gas = window == 1 ? 1 : window == 0 ? 3 : 2;
-        for (int micro = 0; micro < gas; ++micro) {
-          const bool final = micro == gas - 1 && window != 2;
-          disk.begin_backward(final);
-          // Backward reduces from the end of the shard; one piece comes late.
-          std::vector<size_t> order;
-          for (size_t i = pieces.size(); i-- > 0;) order.push_back(i);
-          if (order.size() > 2) std::swap(order[1], order.back());
-          for (size_t i : order) {
-            const auto [pos, n] = pieces[i];
-            at::Tensor piece = at::randn({n}).to(dtype);
-            memory->add(pos, piece, factor);
-            disk.add(pos, piece, factor);
+      for (const auto& pieces : {small, large}) {
+        const std::string what = std::string(c10::toString(dtype)) + " factor " +
+                                 std::to_string(factor) +
+                                 (pieces.size() == 2 ? " large" : " small");
+        offload::GradSwapperOptions o;
+        o.path = dir.file("grads");
+        o.numel = numel;
+        o.dtype = dtype;
+        o.read_elements = 700'000;
+        offload::GradSwapper disk(*io, o);
+        EXPECT_TRUE(dir.entries().empty()) << "unlinked while open";
+        auto memory = zero::make_memory_grad_shard(numel, at::TensorOptions(dtype));
+        for (const auto& [pos, n] : pieces) disk.expect(pos, n);
+        at::manual_seed(7);
+        // Window 2 is flushed before its boundary: none of its backwards is final.
+        for (int window = 0; window < 3; ++window) {
+          const int gas = window == 1 ? 1 : window == 0 ? 3 : 2;
+          for (int micro = 0; micro < gas; ++micro) {
+            const bool final = micro == gas - 1 && window != 2;
+            disk.begin_backward(final);
+            // Backward reduces from the end of the shard; one piece comes late.
+            std::vector<size_t> order;
+            for (size_t i = pieces.size(); i-- > 0;) order.push_back(i);
+            if (order.size() > 2) std::swap(order[1], order.back());
+            for (size_t i : order) {
+              const auto [pos, n] = pieces[i];
+              at::Tensor piece = at::randn({n}).to(dtype);
+              memory->add(pos, piece, factor);
+              disk.add(pos, piece, factor);
+            }
+            disk.end_backward();
           }
-          disk.end_backward();
-        }
-        at::Tensor want = memory->tensor();
-        EXPECT_EQ(disk.squared_norm(), optim::squared_norm(want)) << what;
-        for (const int64_t step : {int64_t{700'000}, int64_t{4097}}) {
-          for (int64_t pos = 0; pos < numel; pos += step) {
-            const int64_t n = std::min(step, numel - pos);
-            if (pos + n < numel) disk.read_ahead(pos + n, std::min(step, numel - pos - n));
-            ASSERT_TRUE(at::equal(disk.read(pos, n), want.narrow(0, pos, n)))
-                << what << " window " << window << " [" << pos << ", +" << n << ")";
-            if (step == 4097 && pos > 3 * 4097) break;  // a few odd reads suffice
+          at::Tensor want = memory->tensor();
+          EXPECT_EQ(disk.squared_norm(), optim::squared_norm(want)) << what;
+          for (const int64_t step : {int64_t{700'000}, int64_t{4097}}) {
+            for (int64_t pos = 0; pos < numel; pos += step) {
+              const int64_t n = std::min(step, numel - pos);
+              if (pos + n < numel) disk.read_ahead(pos + n, std::min(step, numel - pos - n));
+              ASSERT_TRUE(at::equal(disk.read(pos, n), want.narrow(0, pos, n)))
+                  << what << " window " << window << " [" << pos << ", +" << n << ")";
+              if (step == 4097 && pos > 3 * 4097) break;  // a few odd reads suffice
+            }
           }
+          EXPECT_GT(disk.buffer_bytes(), 0);
+          EXPECT_LE(disk.buffer_bytes(),
+                    offload::GradSwapper::buffer_bytes_for(numel, dtype, o.read_elements))
+              << what;
+          EXPECT_EQ(disk.bytes(), 0);
+          disk.zero();
+          memory->zero();
         }
-        EXPECT_GT(disk.buffer_bytes(), 0);
-        EXPECT_LE(disk.buffer_bytes(),
-                  offload::GradSwapper::buffer_bytes_for(numel, dtype, o.read_elements))
-            << what;
-        EXPECT_EQ(disk.bytes(), 0);
-        disk.zero();
-        memory->zero();
+        EXPECT_NE(disk.take_report().find("gradients on disk: wrote"), std::string::npos);
       }
-      EXPECT_NE(disk.take_report().find("gradients on disk: wrote"), std::string::npos);
-     }
     }
   }
   // The third write fails: the backward's end says so, naming the file; the next window works.

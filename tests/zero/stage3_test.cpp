@@ -1197,7 +1197,6 @@ TEST(EngineZero3, ParametersOnDiskTrainBitForBitAsInMemory) {
   }
 }
 
-
 // Both offloads on nvme (NOTE [gradients on disk]): the gradient shard is summed on disk
 // instead of in memory, and training is the same bit for bit as with everything in memory
 // (losses, gradient norms, final weights), in fp32 and bf16, at worlds 1 and 2, GAS 1 and 2,
@@ -1220,12 +1219,12 @@ TEST(EngineZero3, GradientsOnDiskTrainBitForBitAsInMemory) {
               kAdamW + prec + more + zero3(", \"stage3_param_persistence_threshold\": 0");
           const int micro = 8 / world / gas;
           auto ref = run_stack(world, 6, config_json(8, micro, base), kEverything);
-          auto got = run_stack(world, 6,
-                               config_json(8, micro,
-                                           kAdamW + prec + more +
-                                               zero3(", \"stage3_param_persistence_threshold\": 0" +
-                                                     offload)),
-                               kEverything);
+          auto got = run_stack(
+              world, 6,
+              config_json(8, micro,
+                          kAdamW + prec + more +
+                              zero3(", \"stage3_param_persistence_threshold\": 0" + offload)),
+              kEverything);
           for (int r = 0; r < world; ++r) {
             EXPECT_EQ(got[r].losses, ref[r].losses) << what;
             EXPECT_EQ(got[r].grad_norms, ref[r].grad_norms) << what;
