@@ -57,7 +57,7 @@ for zero in '{"stage": 0}' '{"stage": 2}'; do
   t0=$(date +%s.%N)
   out=$(launch "$WORK/refused.json" || true)
   t1=$(date +%s.%N)
-  msg=$(grep -o 'the model states of .* is available ([^)]*)' <<<"$out" | head -1 || true)
+  msg=$(grep -o 'training [0-9]* trainable parameters at .* is available ([^)]*)' <<<"$out" | head -1 || true)
   secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.1f", b - a}')
   if [ -z "$msg" ]; then
     echo "zero_optimization $zero was NOT refused by the pre-flight check:"
@@ -69,13 +69,15 @@ done
 
 echo
 echo "## ZeRO stage 3, parameters and optimizer on nvme ($SWAP), $LAYERS x $WIDTH, $NPROCS rank(s)"
-# The disk it needs, per dscpp estimate (the swap files, and zero::Init's spill at set-up).
+# The disk it needs, per dscpp estimate (the swap files, and zero::Init's spill at set-up), and
+# its bound on the peak RSS per rank.
 config '{"stage": 3, "sub_group_size": 10000000,
    "offload_optimizer": {"device": "nvme", "nvme_path": "'"$SWAP"'", "pipeline_read": true,
                          "pipeline_write": true},
    "offload_param": {"device": "nvme", "nvme_path": "'"$SWAP"'", "max_in_cpu": 0}}' >"$WORK/est.json"
 build/dscpp estimate --config "$WORK/est.json" --model gpt --n_layer "$LAYERS" --n_embd "$WIDTH" \
-  --n_head "$HEADS" --vocab_size 256 --block_size "$BLOCK" --num_procs "$NPROCS" 2>&1 |
+  --n_head "$HEADS" --vocab_size 256 --block_size "$BLOCK" --num_procs "$NPROCS" \
+  --checkpoint_activations 2>&1 |
   grep -E "optimizer and parameters on nvme|swap|disk" | head -5 || true
 config '{"stage": 3, "sub_group_size": 10000000,
    "offload_optimizer": {"device": "nvme", "nvme_path": "'"$SWAP"'", "pipeline_read": true,

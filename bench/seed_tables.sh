@@ -308,7 +308,7 @@ if [[ $TABLES == *C* ]]; then
   for sys in s0 s3; do
     next_port
     out=$(DSCPP_MEMORY_LIMIT=$(awk -v c="$CAP" 'BEGIN {printf "%dM", 2 * c * 1024}') run "$sys" bf16 1 $PROBE_STEPS || true)
-    msg=$(grep -o 'the model states of .* is available ([^)]*)' <<<"$out" | head -1 || true)
+    msg=$(grep -o 'training [0-9]* trainable parameters at .* is available ([^)]*)' <<<"$out" | head -1 || true)
     if [ -z "$msg" ]; then
       echo "- $(label "$sys"): NOT refused by the pre-flight check; peak RSS $(peak_of <<<"$out") MiB"
     else

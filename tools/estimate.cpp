@@ -17,6 +17,7 @@
 #include "engine/step_time.h"
 #include "tools.h"
 #include "util/log.h"
+#include "util/memory.h"
 
 namespace dscpp::tools {
 namespace {
@@ -75,12 +76,11 @@ void print_step_times(const models::GPTConfig* gpt, int64_t params, const Config
   engine::StepWork w;
   w.item_bytes = config.bf16.enabled || config.fp16.enabled ? 2 : 4;
   // The batch as the config resolves it at this world size; one sample per rank without one.
-  int micro = 1;
+  const int64_t micro = engine::configured_micro_batch(config, num_procs);
   if (config.train_batch_size || config.train_micro_batch_size_per_gpu ||
       config.gradient_accumulation_steps) {
     Config resolved = config;
     resolved.resolve_batch(num_procs, "--num_procs");
-    micro = resolved.batch.train_micro_batch_size_per_gpu;
     w.gas = resolved.batch.gradient_accumulation_steps;
   }
   w.reduce_bucket_size = zc.reduce_bucket_size;
@@ -197,25 +197,30 @@ int estimate_main(int argc, char** argv) {
                  "the model on GPUs of this many GiB each: per-GPU and host-memory columns, and "
                  "the cpu offload rows")
       ->check(CLI::PositiveNumber);
+  bool checkpointing = false;
+  app.add_flag("--checkpoint_activations", checkpointing,
+               "the GPT recomputes each block in backward (dscpp train's flag)");
   app.add_option("--log_level", level, "debug|info|warning|error");
   CLI11_PARSE(app, argc, argv);
   set_log_level(parse_log_level(level));
 
+  Config config = Config::parse(config_text);
+  if (config.optimizer.type.empty()) config.optimizer.type = "AdamW";  // DeepSpeed's estimators
   engine::EstimateInput in;
-  in.world = num_procs;
-  in.on_gpu = gpu_gb > 0;
-  in.spill_coming = model == "gpt";  // dscpp train builds it under zero::Init
   if (model == "gpt") {
     gpt.validate();
-    in.params = gpt.num_parameters();
-    in.largest_unit = gpt.block_parameters();  // stage 3's unit
+    in = engine::gpt_estimate_input(gpt, config, num_procs, gpu_gb > 0, checkpointing);
   } else {
     DSCPP_CHECK(params > 0, ConfigError,
                 "dscpp estimate needs --params N or --model gpt with its shape");
     in.params = params;
+    in.world = num_procs;
+    in.on_gpu = gpu_gb > 0;
   }
-  Config config = Config::parse(config_text);
-  if (config.optimizer.type.empty()) config.optimizer.type = "AdamW";  // DeepSpeed's estimators
+  // The program as dscpp train runs it: this process, the same binary and libtorch (the data
+  // and the runtime's threads come on top, a few MiB).
+  in.process = current_rss_bytes();
+  in.local = (num_procs + num_nodes - 1) / num_nodes;
   const int per_host = (num_procs + num_nodes - 1) / num_nodes;
   std::string source;
   const int64_t avail = engine::available_memory(&source);
@@ -230,50 +235,76 @@ int estimate_main(int argc, char** argv) {
                            source);
   auto gib = [](int64_t b) { return fmt::format("{:.2f}", b / double(int64_t{1} << 30)); };
   if (!in.on_gpu) {
-    std::cout << "| setting | params | grads | fp32 master | optimizer | largest unit | gradient "
-                 "staging | swap buffers | memory per rank | per host | disk per rank | fits here "
-                 "|\n"
-                 "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    std::cout
+        << "| setting | params | grads | fp32 master | optimizer | gathered units | gradient "
+           "staging | swap buffers | step and collective buffers | activations | program | runtime "
+           "and allocator | peak RSS per rank | per host | disk per rank | fits here |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     for (const engine::Estimate& e : engine::estimate_all(in, config)) {
-      const int64_t host = e.memory() * per_host;
-      std::cout << fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-                               e.describe(), gib(e.params), gib(e.grads), gib(e.master),
-                               gib(e.optimizer_state), gib(e.live_unit), gib(e.staging),
-                               gib(e.swap_buffers), gib(e.memory()), gib(host), gib(e.peak_disk()),
-                               host <= avail ? "yes" : "no");
+      const int64_t host = e.peak() * per_host;
+      std::cout << fmt::format(
+          "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+          e.describe(), gib(e.params), gib(e.grads), gib(e.master), gib(e.optimizer_state),
+          gib(e.gathered), gib(e.staging), gib(e.swap_buffers),
+          gib(e.step_scratch + e.comm_buffers), e.activations_known ? gib(e.activations) : "?",
+          gib(e.process), gib(e.runtime + e.slack), gib(e.peak()), gib(host), gib(e.peak_disk()),
+          host <= avail ? "yes" : "no");
     }
-    std::cout << "\n(GiB. Model states and the engine's buffers only: activations and the program "
-                 "itself come on top. Stage 3 adds the largest unit gathered whole; stages 2-3 "
-                 "the gradient staging slots (one bucket, two with overlap_comm); offload adds "
-                 "the swap pipeline's buffers, 3 sub-groups at most, and with the parameters on "
-                 "nvme the unit shards read ahead, offload_param.buffer_count + 2 at most; with "
-                 "both on nvme the gradient shard is on disk too (its blocks in flight and two "
-                 "read buffers in memory). Disk: "
-                 "the swap files at their largest; with the parameters on nvme zero::Init's spill "
-                 "of the fp32 shards (4 bytes per element of the part) empties during set-up as "
-                 "the optimizer's file fills, in one folder.)\n";
+    std::cout << fmt::format(
+        "\n(GiB. {} (NOTE [a bound on the peak] in src/engine/estimate.h). It counts the model "
+        "states; stage 3's "
+        "units gathered at once as its schedule keeps them (stage3_prefetch_bucket_size, "
+        "stage3_max_live_parameters, stage3_max_reuse_distance){}; stages 2-3's gradient staging "
+        "slots (one bucket, two with overlap_comm); offload's swap pipeline buffers (3 sub-groups "
+        "at most), with the parameters on nvme the pool of unit shards (offload_param.buffer_count "
+        "read ahead, and the all-gathers' inputs in flight), with both on nvme the gradient "
+        "shard's blocks "
+        "in flight and two read buffers; under mixed precision the step's fp32 gradients (a "
+        "sub-group offloaded, a 4M-element piece in memory unless a bf16 step fuses them); with "
+        "ranks sharing a host the collectives' shared-memory segment and sums; {}; and the "
+        "program, {:.0f} MiB (this process: the "
+        "same binary and libtorch; dscpp train measures its own after reading its data), with "
+        "{:.0f} MiB for what training pages in beside it and {}% of the rest for what the "
+        "allocator keeps. Disk: "
+        "the swap files at their largest; with the parameters on nvme zero::Init's spill of the "
+        "fp32 shards (4 bytes per element of the part) empties during set-up as the optimizer's "
+        "file fills, in one folder.)\n",
+        model == "gpt"
+            ? "peak RSS per rank bounds each rank's peak resident memory, set-up and training"
+            : "peak RSS per rank is each rank's peak resident memory without the model's "
+              "activations (?) and stage 3's gathered units: add them for a bound",
+        model == "gpt" ? "" : " (none without --model: the units are unknown)",
+        in.activations >= 0
+            ? fmt::format("the GPT's activations at micro-batch {}{} (NOTE [GPT activations])",
+                          engine::configured_micro_batch(config, num_procs),
+                          checkpointing ? " with checkpointing" : "")
+            : "activations not counted (?: a model of your own; dscpp cannot know them: add "
+              "what your forward keeps)",
+        static_cast<double>(in.process) / (1 << 20),
+        static_cast<double>(engine::kRuntimeBytes) / (1 << 20), engine::kSlackPercent);
   } else {
     // A model on GPUs: "cpu" offload moves bytes into host memory, a tier of its own.
     const auto gpu = static_cast<int64_t>(gpu_gb * double(int64_t{1} << 30));
     std::cout << fmt::format("each rank on a GPU of {} GiB\n\n", gpu_gb);
-    std::cout << "| setting | params | grads | fp32 master | optimizer | largest unit | gradient "
+    std::cout << "| setting | params | grads | fp32 master | optimizer | gathered units | gradient "
                  "staging | swap and copy buffers | per GPU | host memory per rank | per host | "
                  "disk per rank | fits the GPU | fits host memory |\n"
                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     for (const engine::Estimate& e : engine::estimate_all(in, config)) {
-      const int64_t host = e.host() * per_host;
+      const int64_t host = (e.host() + e.process) * per_host;
       std::cout << fmt::format(
           "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", e.describe(),
-          gib(e.params), gib(e.grads), gib(e.master), gib(e.optimizer_state), gib(e.live_unit),
-          gib(e.staging), gib(e.swap_buffers), gib(e.gpu()), gib(e.host()), gib(host),
+          gib(e.params), gib(e.grads), gib(e.master), gib(e.optimizer_state), gib(e.gathered),
+          gib(e.staging), gib(e.swap_buffers), gib(e.gpu()), gib(e.host() + e.process), gib(host),
           gib(e.peak_disk()), e.gpu() <= gpu ? "yes" : "no", host <= avail ? "yes" : "no");
     }
     std::cout
-        << "\n(GiB. Model states and the engine's buffers only: activations and the "
-           "program itself come on top, on the GPU. With the optimizer on cpu its fp32 weights, "
-           "states, the gradients' host buffer and the sub-groups going up are in host "
-           "memory; with the parameters on cpu every unit shard is, and "
-           "offload_param.buffer_count of them are on the GPU in transit.)\n";
+        << "\n(GiB. Per GPU: the model states, the engine's buffers, the gathered units and "
+           "the activations (the GPT's; ? for a model of your own); CUDA's context and the "
+           "caching allocator's slack come on top (not measured here: no GPU). Host memory: the "
+           "program (this process) and, with the optimizer on cpu, its fp32 weights, states, the "
+           "gradients' host buffer and the sub-groups going up; with the parameters on cpu every "
+           "unit shard, offload_param.buffer_count of them on the GPU in transit.)\n";
   }
   if (net.gbit > 0) {
     DSCPP_CHECK(num_procs % num_nodes == 0, ConfigError, "--num_procs ", num_procs,

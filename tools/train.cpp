@@ -177,12 +177,22 @@ models::GPT build_model(const TrainArgs& a, const models::GPTConfig& gc, const C
   // The pre-flight check (NOTE [pre-flight] in src/engine/estimate.h) before the model exists:
   // a GPT too large for this config fails here in a second, not after minutes of building it.
   {
-    engine::EstimateInput in;
-    in.params = gc.num_parameters();
-    in.largest_unit = gc.block_parameters();  // stage 3's unit
-    in.world = comm->world_size();
-    in.on_gpu = !device.is_cpu();
-    in.spill_coming = true;  // at stage 3 the GPT is built under zero::Init
+    engine::EstimateInput in = engine::gpt_estimate_input(
+        gc, config, comm->world_size(), !device.is_cpu(), a.checkpoint_activations);
+    in.process = current_rss_bytes();  // libtorch, the data, the runtime's threads
+    in.local = std::max(1, detect_process_env().local_world_size);
+    const engine::Estimate e = engine::estimate(in, config);
+    DSCPP_LOG_INFO(
+        "estimated peak RSS per rank {} (NOTE [a bound on the peak]): model states {}, gathered "
+        "units {}, gradient staging {}, swap buffers {}, the step's fp32 gradients {}, the "
+        "collectives' buffers {}, activations {}, the program {}, its runtime {} and the "
+        "allocator's share {}",
+        engine::format_bytes(e.peak()), engine::format_bytes(e.model_states()),
+        engine::format_bytes(e.gathered), engine::format_bytes(e.staging),
+        engine::format_bytes(e.swap_buffers), engine::format_bytes(e.step_scratch),
+        engine::format_bytes(e.comm_buffers), engine::format_bytes(e.activations),
+        engine::format_bytes(e.process), engine::format_bytes(e.runtime),
+        engine::format_bytes(e.slack));
     engine::check_fits(in, config, /*held=*/0, std::max(1, detect_process_env().local_world_size),
                        offload::gpu_free_memory(device));
   }
@@ -436,6 +446,10 @@ int train_main(int argc, char** argv) {
   InitOptions io;
   io.comm = comm;
   io.zero_units = models::GPTImpl::zero_units();  // stage 3's units (ignored below)
+  // The GPT's activations, so that the engine's own pre-flight check counts them too.
+  io.activation_bytes = engine::gpt_estimate_input(gc, config, comm->world_size(), !device.is_cpu(),
+                                                   a.checkpoint_activations)
+                            .activations;
   // One progress line per print interval (below); the engine's resolved config and step line are
   // for debugging, or when the config asks for wall_clock_breakdown, which only that line shows.
   io.detail_log_level = config.wall_clock_breakdown ? LogLevel::info : LogLevel::debug;

@@ -80,6 +80,10 @@ struct InitOptions {
   // lines): debug, so a failing job's last lines are its error, not the config; info (or
   // DSCPP_LOG_LEVEL=debug) shows it.
   LogLevel config_log_level = LogLevel::debug;
+  // The bytes one micro-batch's forward and backward keep for activations on a rank, when you
+  // know them (e.g. from a measured peak): the pre-flight memory check (NOTE [pre-flight]) counts
+  // them. -1 (the default): unknown; the check counts none and its refusal says so.
+  int64_t activation_bytes = -1;
 };
 
 // DeepSpeed's load_checkpoint options (docs/checkpoint.md).

@@ -85,8 +85,8 @@ class EngineImpl {
   // dtypes, trainability): one small all-reduce, before any collective that would pair them up.
   void check_same_model_on_every_rank();
   void choose_precision();
-  // The pre-flight check (NOTE [pre-flight]): throws ConfigError on every rank when the model
-  // states this config asks for do not fit the memory (or swap disk) this host has left.
+  // The pre-flight check (NOTE [pre-flight]): throws ConfigError on every rank when the memory
+  // this config asks for does not fit the memory (or swap disk) this host has left.
   void check_memory_fits();
   // Lays the trainable parameters out for the stage (the strategy), the part's fp32 values
   // handed to the store on the way.
@@ -282,6 +282,7 @@ class EngineImpl {
   // (InitOptions::config_log_level).
   LogLevel detail_log_level_ = LogLevel::info;
   LogLevel config_log_level_ = LogLevel::debug;
+  int64_t activation_bytes_ = -1;  // InitOptions::activation_bytes (-1: unknown)
   std::vector<std::unique_ptr<monitor::Writer>> monitors_;  // rank 0 only
   std::unique_ptr<profiling::FlopsProfiler> profiler_;      // rank 0, the profiled window only
   // wall_clock_breakdown on rank 0 of a CPU model: the op table of each step log line, over the

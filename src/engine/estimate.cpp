@@ -6,14 +6,18 @@
 #include <sys/statvfs.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
 #include <string>
 
 #include "dscpp/async_io.h"
+#include "dscpp/comm.h"
 #include "dscpp/error.h"
+#include "dscpp/models/gpt.h"
 #include "dscpp/optim.h"
+#include "engine/step_time.h"
 #include "offload/grad_swapper.h"
 #include "util/log.h"
 #include "zero/reducer.h"
@@ -27,6 +31,89 @@ std::string Estimate::describe() const {
     return fmt::format("stage {}, optimizer and parameters on {}", stage, o);
   return fmt::format("stage {}{}{}", stage, o != "none" ? ", optimizer on " + o : "",
                      p != "none" ? ", parameters on " + p : "");
+}
+
+int64_t gathered_peak(const StageThreeUnits& units, const ZeroConfig& z) {
+  const std::vector<int64_t>& size = units.sizes;
+  std::vector<int> record(units.forward);
+  record.insert(record.end(), units.forward.rbegin(), units.forward.rend());
+  std::vector<bool> gathered(size.size(), false), pending(size.size(), false);
+  std::vector<size_t> last(size.size(), 0);
+  for (size_t i = 0; i < record.size(); ++i) last[record[i]] = i;
+  int64_t live = 0, peak = 0;
+  auto gather = [&](int u) {
+    gathered[u] = true;
+    live += size[u];
+    peak = std::max(peak, live);
+  };
+  for (size_t i = 0; i < record.size(); ++i) {
+    const int u = record[i];
+    if (!gathered[u]) gather(u);
+    pending[u] = false;
+    // Ahead, from the next request (Stage3::gather_ahead).
+    int64_t in_flight = 0;
+    for (size_t j = i + 1; j < record.size() && z.stage3_prefetch_bucket_size > 0; ++j) {
+      if (in_flight >= z.stage3_prefetch_bucket_size) break;
+      const int v = record[j];
+      if (gathered[v]) {
+        if (pending[v]) in_flight += size[v];
+        continue;
+      }
+      if (live + size[v] > z.stage3_max_live_parameters) break;
+      gather(v);
+      pending[v] = true;
+      in_flight += size[v];
+    }
+    // In backward a unit stays until its gradients are all in: past its last request (the GPT's
+    // wte, from the output projection's backward to the embedding's). Otherwise released
+    // unless requested again within the reuse distance (Stage3::reused_soon).
+    if (i >= units.forward.size() && i < last[u]) continue;
+    int64_t distance = 0;
+    bool soon = false;
+    for (size_t j = i + 1; j < record.size(); ++j) {
+      if (record[j] == u) {
+        soon = distance <= z.stage3_max_reuse_distance;
+        break;
+      }
+      distance += size[record[j]];
+    }
+    if (!soon) {
+      gathered[u] = false;
+      live -= size[u];
+    }
+  }
+  return peak;
+}
+
+int64_t configured_micro_batch(const Config& config, int world) {
+  if (!config.train_batch_size && !config.train_micro_batch_size_per_gpu &&
+      !config.gradient_accumulation_steps && !config.elasticity.enabled) {
+    return 1;
+  }
+  Config resolved = config;
+  if (config.elasticity.enabled) {
+    resolved.resolve_elastic_batch(world, "the world size");
+  } else {
+    resolved.resolve_batch(world, "the world size");
+  }
+  return resolved.batch.train_micro_batch_size_per_gpu;
+}
+
+EstimateInput gpt_estimate_input(const models::GPTConfig& gpt, const Config& config, int world,
+                                 bool on_gpu, bool checkpointing) {
+  EstimateInput in;
+  in.params = gpt.num_parameters();
+  in.largest_unit = gpt.block_parameters();
+  in.units = gpt_units(gpt, config.zero_optimization.stage3_param_persistence_threshold);
+  in.world = world;
+  in.on_gpu = on_gpu;
+  in.spill_coming = true;  // at stage 3 dscpp train builds it under zero::Init
+  const at::ScalarType dtype = config.bf16.enabled   ? at::kBFloat16
+                               : config.fp16.enabled ? at::kHalf
+                                                     : at::kFloat;
+  in.activations = gpt.activation_bytes(configured_micro_batch(config, world), dtype, checkpointing,
+                                        on_gpu ? c10::DeviceType::CUDA : c10::DeviceType::CPU);
+  return in;
 }
 
 Estimate estimate(const EstimateInput& in, const Config& c, int stage,
@@ -44,10 +131,9 @@ Estimate estimate(const EstimateInput& in, const Config& c, int stage,
   const int64_t part = stage == 0 ? psi : (psi + in.world - 1) / in.world;
   // fp32 numbers per element of the part beside the parameters: the master weight (mixed
   // precision) and each optimizer state. A fresh optimizer of one element shows how many.
-  const int64_t states =
-      c.optimizer.type.empty()
-          ? 0
-          : static_cast<int64_t>(optim::make_optimizer(c.optimizer, 1, at::kFloat)->state().size());
+  const std::unique_ptr<optim::Optimizer> probe =
+      c.optimizer.type.empty() ? nullptr : optim::make_optimizer(c.optimizer, 1, at::kFloat);
+  const int64_t states = probe ? static_cast<int64_t>(probe->state().size()) : 0;
   e.params = (stage == 3 ? part : psi) * b;
   e.grads = (stage >= 2 ? part : psi) * b;
   const auto& op = c.zero_optimization.offload_param;
@@ -59,8 +145,11 @@ Estimate estimate(const EstimateInput& in, const Config& c, int stage,
   };
   if (e.offload_param == "nvme") {
     // NOTE [stage 3 parameter offload]: the shards past max_in_cpu on disk, one aligned run per
-    // unit; the pool holds the shards read ahead (buffer_count), the one being written and the
-    // gathers' own, about buffer_count + 2 unit shards.
+    // unit. In forward and backward the pool holds the shards read ahead (buffer_count), those
+    // of the units whose all-gathers are in flight (as many as stage3_prefetch_bucket_size
+    // reaches, and one more) and the two being taken (the request's, and the one before it whose
+    // all-gather's input is not yet dropped: the 3B GPT's rank 0 held 7 + 1); in the step, which
+    // reads nothing ahead, the writes in flight (buffer_count) and the one being filled.
     const int64_t kept = std::min(part, op.max_in_cpu);
     e.params = kept * b;
     e.param_disk = (part - kept) * b;
@@ -68,8 +157,11 @@ Estimate estimate(const EstimateInput& in, const Config& c, int stage,
     if (shard > 0) {
       const int64_t units = (part - kept + shard - 1) / shard;
       e.param_disk = units * static_cast<int64_t>(io::align_up(shard * b));
-      const int64_t pool =
-          std::min(units, op.buffer_count + 2) * static_cast<int64_t>(io::align_up(shard * b));
+      const int64_t gathering =
+          c.zero_optimization.stage3_prefetch_bucket_size / std::max<int64_t>(1, in.largest_unit) +
+          1;
+      const int64_t pool = std::min(units, op.buffer_count + gathering + 2) *
+                           static_cast<int64_t>(io::align_up(shard * b));
       e.swap_buffers += pool + in_transit(units);
       if (in.on_gpu) e.host_part += pool;
     }
@@ -112,6 +204,17 @@ Estimate estimate(const EstimateInput& in, const Config& c, int stage,
     e.master = mixed ? part * 4 : 0;
     e.optimizer_state = states * part * 4;
   }
+  if (mixed) {
+    // The fp32 gradients the optimizer reads (precision/part_store.cpp's Fp32Grads): one
+    // sub-group through the swap file, a piece of 2^22 in memory; none when a bf16 step fuses.
+    const bool fuses = c.bf16.enabled && probe && probe->fuses_bf16();
+    if (e.offload_optimizer == "nvme" || e.offload_optimizer == "cpu") {
+      e.step_scratch = std::max<int64_t>(1, sub) * 4;
+    } else if (!fuses) {
+      e.step_scratch = std::min<int64_t>(int64_t{1} << 22, part) * 4;
+    }
+    if (in.on_gpu && e.offload_optimizer != "none") e.host_part += e.step_scratch;
+  }
   if (stage == 3 && e.offload_optimizer == "nvme" && e.offload_param == "nvme" && !in.on_gpu) {
     // NOTE [gradients on disk]: the shard in a swap file of its own, beside the optimizer's.
     const at::ScalarType dtype = mixed ? (c.bf16.enabled ? at::kBFloat16 : at::kHalf) : at::kFloat;
@@ -119,7 +222,23 @@ Estimate estimate(const EstimateInput& in, const Config& c, int stage,
     e.grad_disk = offload::GradSwapper::file_bytes_for(part, dtype);
     e.swap_buffers += offload::GradSwapper::buffer_bytes_for(part, dtype, sub);
   }
-  if (stage == 3) e.live_unit = in.largest_unit * b;
+  if (stage == 3) {
+    e.gathered = (in.units.forward.empty() ? in.largest_unit
+                                           : gathered_peak(in.units, c.zero_optimization)) *
+                 b;
+  }
+  e.activations_known = in.activations >= 0;
+  e.activations = std::max<int64_t>(0, in.activations);
+  e.process = in.process;
+  e.runtime = kRuntimeBytes;
+  const int local = in.local > 0 ? std::min(in.local, in.world) : in.world;
+  if (local > 1 && !in.on_gpu) {
+    // The segment, and the sums (widened to fp32 for 16-bit) of a slot with the tree's partial
+    // sums, one slot per level (ShmGroup::reduce).
+    const int64_t slot = comm::CommOptions().shm_slot_bytes;
+    const int64_t depth = static_cast<int64_t>(std::ceil(std::log2(static_cast<double>(local))));
+    e.comm_buffers = 2 * local * slot + (1 + depth) * (slot / b) * 4;
+  }
   if (stage >= 2) {
     // The slots hold a bucket of the flat gradient space, which never crosses a group (the model
     // at stage 2, a unit at stage 3; NOTE [bucket cap] in src/zero/reducer.h); overlap_comm
@@ -131,6 +250,14 @@ Estimate estimate(const EstimateInput& in, const Config& c, int stage,
     int64_t bucket = std::min(zero::capped_bucket_size(z.reduce_bucket_size, psi), psi);
     if (stage == 3 && in.largest_unit > 0) bucket = std::min(bucket, in.largest_unit);
     e.staging = (overlap ? 2 : 1) * bucket * b;
+  }
+  // The allocator's share (NOTE [a bound on the peak]) of host memory: for a model on a GPU of
+  // its host part (the caching allocator's slack on the device is not counted).
+  if (in.on_gpu) {
+    e.slack = (e.host_part + e.runtime) * kSlackPercent / 100;
+    e.host_part += e.slack;
+  } else {
+    e.slack = (e.memory() + e.runtime) * kSlackPercent / 100;
   }
   return e;
 }
@@ -267,7 +394,7 @@ void check_fits(const EstimateInput& in, const Config& config, int64_t held, int
     auto per_rank = [&](const Estimate& o) {
       return in.on_gpu ? fmt::format("{} per GPU, {} host memory per rank", format_bytes(o.gpu()),
                                      format_bytes(o.host()))
-                       : format_bytes(o.memory()) + " per rank";
+                       : format_bytes(o.host()) + " per rank";
     };
     for (const Estimate& o : estimate_all(in, config)) {
       if (fit(o)) {
@@ -295,12 +422,20 @@ void check_fits(const EstimateInput& in, const Config& config, int64_t held, int
                         !in.on_gpu && held ? " beyond what the model holds already" : "",
                         format_bytes(avail), source);
     DSCPP_FAIL(
-        ConfigError, "the model states of ", in.params, " trainable parameters at ", e.describe(),
-        " need ", format_bytes(e.memory()), " per rank (parameters ", format_bytes(e.params),
-        ", gradients ", format_bytes(e.grads), ", fp32 master weights ", format_bytes(e.master),
-        ", optimizer state ", format_bytes(e.optimizer_state),
+        ConfigError, "training ", in.params, " trainable parameters at ", e.describe(), " needs ",
+        format_bytes(e.gpu() + e.host()), " per rank beyond the program itself (parameters ",
+        format_bytes(e.params), ", gradients ", format_bytes(e.grads), ", fp32 master weights ",
+        format_bytes(e.master), ", optimizer state ", format_bytes(e.optimizer_state),
         e.swap_buffers ? ", swap and copy buffers " + format_bytes(e.swap_buffers) : "",
-        e.live_unit ? ", largest unit " + format_bytes(e.live_unit) : "", ")",
+        e.gathered ? ", gathered units " + format_bytes(e.gathered) : "",
+        e.staging ? ", gradient staging " + format_bytes(e.staging) : "",
+        e.step_scratch + e.comm_buffers
+            ? ", step and collective buffers " + format_bytes(e.step_scratch + e.comm_buffers)
+            : "",
+        e.activations_known ? ", activations " + format_bytes(e.activations)
+                            : ", activations not counted: unknown for this model",
+        ", runtime ", format_bytes(e.runtime), ", the allocator's share ", format_bytes(e.slack),
+        ")",
         in.on_gpu ? fmt::format(", {} of it on the GPU and {} in host memory",
                                 format_bytes(e.gpu()), format_bytes(e.host()))
                   : "",

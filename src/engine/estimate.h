@@ -1,9 +1,12 @@
-// The memory and disk a rank needs for its model states at each ZeRO stage, with and without
-// optimizer offload: what `dscpp estimate` prints and what initialize()'s pre-flight check holds
-// against the memory and disk actually available. The formulas are the ZeRO paper's (DeepSpeed's
+// The memory and disk a rank needs at each ZeRO stage, with and without offload: what `dscpp
+// estimate` prints and what initialize()'s pre-flight check holds against the memory and disk
+// actually available. The model states follow the ZeRO paper's formulas (DeepSpeed's
 // estimate_zero2_model_states_mem_needs / estimate_zero3_model_states_mem_needs_all_live), taken
 // from the real config: training dtype, the optimizer's number of states, offload, sub-group
-// size and buffer count; tests/engine/estimate_test.cpp holds them against Engine::memory_stats().
+// size and buffer count; beside them the engine's buffers, the units stage 3 keeps gathered, the
+// activations (when the model is known) and the program itself, so that peak() bounds each
+// rank's peak RSS (NOTE [a bound on the peak]). tests/engine/estimate_test.cpp holds the parts
+// against Engine::memory_stats(); bench/estimate_check.sh the whole against measured peaks.
 #pragma once
 
 #include <algorithm>
@@ -13,12 +16,24 @@
 
 #include "dscpp/config.h"
 
+namespace dscpp::models {
+struct GPTConfig;
+}
+
 namespace dscpp::engine {
+
+// Stage 3's units: their elements, and the order forward requests them (indices into sizes; a
+// unit may come twice, as the GPT's tied wte does); backward requests them in reverse.
+struct StageThreeUnits {
+  std::vector<int64_t> sizes;
+  std::vector<int> forward;
+};
 
 struct EstimateInput {
   int64_t params = 0;        // trainable elements (Psi)
   int64_t largest_unit = 0;  // stage 3: elements of the largest unit (0: unknown)
   int world = 1;
+  int local = 0;  // ranks on this host (0: world, every rank on one host)
   // The model is on a GPU: host memory is a tier of its own ("cpu" offload moves bytes there).
   bool on_gpu = false;
   // With the parameters on nvme: the model will be built under zero::Init, whose spill file
@@ -26,7 +41,39 @@ struct EstimateInput {
   // GPT); and the bytes such a spill holds on disk already (the engine's check after the build).
   bool spill_coming = false;
   int64_t spilled = 0;
+  // Stage 3: the units (the built-in GPT's: gpt_units in step_time.h). None: unknown, and the
+  // largest unit is counted as the only one gathered.
+  StageThreeUnits units;
+  // The activations of a rank's micro-batch, bytes (models::GPTConfig::activation_bytes); -1:
+  // unknown (a model of the user's own), not counted, and the estimate says so.
+  int64_t activations = -1;
+  // What the process holds resident besides the model when the estimate is made (libtorch and
+  // its libraries, the runtime's threads, the data): every rank's own share of its peak.
+  int64_t process = 0;
 };
+
+// NOTE [gathered units]: stage 3's schedule (NOTE [stage 3 prefetch order] in
+// src/zero/stage3.h) replayed on the units' sizes: requests in forward order then in reverse,
+// each unit gathered when requested, the next requests' units gathered ahead within
+// stage3_prefetch_bucket_size (and stage3_max_live_parameters), and a unit released after its
+// request unless its next request comes within stage3_max_reuse_distance elements; in backward
+// not before its gradients are all in, after its last request (NOTE [stage 3 backward]). A gather
+// ahead counts as in flight until its unit is requested (the engine stops counting it once its
+// all-gather completes), so the replay gathers at least as far ahead as a step does. Returns
+// the most elements gathered at once.
+int64_t gathered_peak(const StageThreeUnits& units, const ZeroConfig& z);
+
+// NOTE [a bound on the peak]: beside what the estimate counts part by part, training takes
+// - the runtime: libtorch's kernels paged in as they first run, the thread pools, the
+//   communicator's and the engine's bookkeeping: dscpp train's peak RSS less its RSS before the
+//   model was built was 21 MiB with a 7,664-parameter GPT (2026-12-05); 48 MiB is counted;
+// - the allocator's share: glibc keeps freed heap memory for reuse while training (NOTE
+//   [allocator for training] in src/util/memory.h), so fragments of freed activations,
+//   temporaries and buffers stay resident: over the measured matrix (docs/offload.md, "The
+//   estimate and the pre-flight check") the peaks came 0-4% above the parts, the 3B GPT at 2
+//   ranks (docs/moonshot.md) 5%; 7% of them is counted.
+constexpr int64_t kRuntimeBytes = int64_t{48} << 20;
+constexpr int64_t kSlackPercent = 7;
 
 // Bytes per rank.
 struct Estimate {
@@ -35,11 +82,31 @@ struct Estimate {
   std::string offload_optimizer = "none";  // "none", "cpu" (a GPU model) or "nvme"
   std::string offload_param = "none";      // likewise (stage 3)
   int64_t params = 0, grads = 0, master = 0, optimizer_state = 0;
-  int64_t live_unit = 0;     // stage 3: the largest unit gathered whole
+  // Stage 3: the most unit parameters gathered whole at once (NOTE [gathered units]; the
+  // largest unit when the units are unknown).
+  int64_t gathered = 0;
+  // The activations of the configured micro-batch (EstimateInput::activations; 0 when unknown,
+  // and activations_known false).
+  int64_t activations = 0;
+  bool activations_known = false;
+  // Ranks sharing a host: the shared-memory segment of the collectives (2 slots per local rank,
+  // mapped by every rank) and each rank's fp32 sums of a slot (NOTE [shared-memory
+  // collectives] in src/comm/shm.h).
+  int64_t comm_buffers = 0;
+  // The program itself (EstimateInput::process), and what training adds to it beyond the
+  // model: libtorch's kernels paged in as they first run, the thread pools, the communicator's
+  // and the engine's bookkeeping (kRuntimeBytes).
+  int64_t process = 0;
+  int64_t runtime = 0;
+  int64_t slack = 0;  // the allocator's share of memory() and the runtime (kSlackPercent)
   // Stages 2-3: the gradient staging slots (NOTE [stage 2 slots]): one, or two with
   // overlap_comm, of the largest bucket (MemoryStats::staging).
   int64_t staging = 0;
   int64_t swap_buffers = 0;  // offload: the swap pipelines' and the copies' buffers
+  // Mixed precision: the step's fp32 gradient buffer (a sub-group with the optimizer on nvme, a
+  // 4M-element piece in memory unless the optimizer takes bf16 gradients itself), allocated
+  // at the first step.
+  int64_t step_scratch = 0;
   int64_t disk = 0;          // offload_optimizer: its swap file
   int64_t param_disk = 0;    // offload_param: its swap file
   int64_t grad_disk = 0;     // both on nvme (a CPU model): the gradient shard's swap file
@@ -51,13 +118,35 @@ struct Estimate {
   // there, and the swap files' buffers).
   int64_t host_part = 0;
   int64_t model_states() const { return params + grads + master + optimizer_state; }
-  int64_t memory() const { return model_states() + live_unit + staging + swap_buffers; }
-  // Where memory() lies: on the GPU (0 for a model on the CPU) and in host memory.
+  // The model states, the engine's buffers, the gathered units and the activations (on the GPU
+  // for a model there, but for host_part).
+  int64_t memory() const {
+    return model_states() + gathered + staging + swap_buffers + step_scratch + comm_buffers +
+           activations + slack;
+  }
+  // A bound on each rank's peak resident memory, set-up and training (NOTE [a bound on the
+  // peak]): memory(), the program and its runtime (a model on a GPU: host() + process is the host's
+  // part). (Set-up holds less: a model built whole below stage 3 is at most the fp32 parameters and
+  // their flat copy, under the model states of training; zero::Init's build is the shards and one
+  // unit.)
+  int64_t peak() const { return memory() + process + runtime; }
+  // Where memory() and the runtime lie: on the GPU (0 for a model on the CPU) and in host memory
+  // (what the pre-flight check holds against the memory left: the program is running already).
   int64_t gpu() const { return on_gpu ? memory() - host_part : 0; }
-  int64_t host() const { return on_gpu ? host_part : memory(); }
+  int64_t host() const { return (on_gpu ? host_part : memory()) + runtime; }
   // "stage 2, optimizer on nvme", "stage 3, optimizer and parameters on cpu"
   std::string describe() const;
 };
+
+// The micro-batch `config` resolves to at `world` ranks (with elasticity, the elastic batch's);
+// 1 when the config names no batch size (dscpp estimate without one).
+int64_t configured_micro_batch(const Config& config, int world);
+
+// The estimate's input for the built-in GPT trained with `config` at `world` ranks: its
+// parameters, stage 3's units, the activations of the configured micro-batch (with or without
+// activation checkpointing), built under zero::Init at stage 3 (dscpp train).
+EstimateInput gpt_estimate_input(const models::GPTConfig& gpt, const Config& config, int world,
+                                 bool on_gpu, bool checkpointing);
 
 // The estimate at `stage` with `offload_optimizer` and `offload_param` ("none", "nvme", or
 // "cpu", which moves something only for a model on a GPU; at stage 0 no offload, parameters at
@@ -82,10 +171,12 @@ int64_t available_memory(std::string* source = nullptr);
 // allocator there), else `free` (what the device reports free; -1: unknown, no check).
 int64_t available_gpu_memory(int64_t free, std::string* source = nullptr);
 
-// NOTE [pre-flight]: throws ConfigError when the model states `config` asks for do not fit
-// before anything is allocated: the estimate's host part less `held` bytes (what the model's
-// parameters hold already in host memory, which the engine reuses), times `local` ranks on this
-// host (assumed alike), against available_memory(); for a model on a GPU its device part less
+// NOTE [pre-flight]: throws ConfigError when what training `config` asks for does not fit,
+// before anything is allocated: the estimate's host part (all but the program, which runs
+// already: the model states, buffers, gathered units, activations when known, the runtime and
+// the allocator's share) less `held` bytes (what the model's parameters hold already in host
+// memory, which the engine reuses), times `local` ranks on this host (assumed alike), against
+// available_memory(); for a model on a GPU its device part less
 // `held` against `gpu_available` (-1: unknown, unchecked); and the swap files against the free
 // space of nvme_path. The message names the bytes and lists the settings that would fit.
 // DSCPP_SKIP_MEMORY_CHECK=1 turns it off (a warning says so).

@@ -40,7 +40,8 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> model, Config config, 
       async_io_(options.async_io),
       device_link_(options.device_link),
       detail_log_level_(options.detail_log_level),
-      config_log_level_(options.config_log_level) {
+      config_log_level_(options.config_log_level),
+      activation_bytes_(options.activation_bytes) {
   DSCPP_CHECK(model_, ConfigError, "initialize() was given a null model");
   fault::check_environment();
   // NOTE [allocator for training]: from the start, so set-up's own allocations already follow
@@ -218,9 +219,10 @@ void EngineImpl::choose_precision() {
 }
 
 void EngineImpl::check_memory_fits() {
-  // NOTE [pre-flight]: before anything is allocated, the model states this config asks for
-  // against the memory this host has left (check_fits, estimate.h), and for a model on a GPU
-  // (or the tests' stand-in for one) their GPU part against what the GPU has free.
+  // NOTE [pre-flight]: before anything is allocated, the memory this config asks for (the
+  // activations only when InitOptions::activation_bytes tells them) against the memory this host
+  // has left (check_fits, estimate.h), and for a model on a GPU (or the tests' stand-in for one)
+  // the GPU part against what the GPU has free.
   zero::NamedParams np = zero::trainable_parameters(*model_);
   if (np.params.empty()) return;
   const at::Device device = np.params[0].device();
@@ -233,6 +235,8 @@ void EngineImpl::check_memory_fits() {
     if (!zero::is_presharded(p)) held += p.numel() * static_cast<int64_t>(p.element_size());
   }
   const int local = std::max(1, detect_process_env().local_world_size);
+  in.local = local;
+  in.activations = activation_bytes_;
   const int64_t gpu_free = offload::gpu_free_memory(device);
   in.spilled = zero::presharded_bytes_spilled();  // on disk already (NOTE [spilled shards])
   on_every_rank(

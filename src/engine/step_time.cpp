@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "dscpp/models/gpt.h"
+#include "engine/estimate.h"
 
 namespace dscpp::engine {
 namespace {
@@ -174,6 +175,18 @@ void add_gpt_units(const models::GPTConfig& g, int64_t threshold, StepWork* w) {
   if (wte > 0) w->units.push_back(wte);
   for (int64_t l = 0; l < g.n_layer; ++l) w->units.push_back(block);
   w->other = g.num_parameters() - wte - g.n_layer * block;
+}
+
+StageThreeUnits gpt_units(const models::GPTConfig& g, int64_t threshold) {
+  StepWork w;
+  add_gpt_units(g, threshold, &w);
+  StageThreeUnits u;
+  u.sizes = w.units;
+  const int blocks_from = static_cast<int>(w.units.size()) - static_cast<int>(g.n_layer);
+  if (blocks_from == 1) u.forward.push_back(0);  // wte, unless all of it stays whole
+  for (int l = 0; l < g.n_layer; ++l) u.forward.push_back(blocks_from + l);
+  if (blocks_from == 1) u.forward.push_back(0);
+  return u;
 }
 
 }  // namespace dscpp::engine

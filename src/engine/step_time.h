@@ -38,6 +38,8 @@ struct GPTConfig;
 
 namespace dscpp::engine {
 
+struct StageThreeUnits;  // estimate.h
+
 // The hosts and their network.
 struct Cluster {
   int hosts = 1;
@@ -96,5 +98,8 @@ StepTime model_step(const Cluster& cluster, const StepWork& work);
 // work->units, each parameter below stage3_param_persistence_threshold `threshold` staying whole
 // (work->other, with wpe and ln_f).
 void add_gpt_units(const models::GPTConfig& gpt, int64_t threshold, StepWork* work);
+// The same units for the memory estimate, with forward's requests: wte, each block, wte again
+// (the tied output projection).
+StageThreeUnits gpt_units(const models::GPTConfig& gpt, int64_t threshold);
 
 }  // namespace dscpp::engine

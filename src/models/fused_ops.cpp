@@ -222,6 +222,12 @@ const char* to_string(GptAttention attention) {
 }
 
 GptAttention active_gpt_attention(const at::Tensor& q) {
+  // An undefined q (set-up's check of the variable): the sdpa default.
+  return q.defined() ? active_gpt_attention(q.device().type(), q.scalar_type())
+                     : active_gpt_attention(c10::DeviceType::CPU, at::kFloat);
+}
+
+GptAttention active_gpt_attention(c10::DeviceType device, c10::ScalarType dtype) {
   const char* env = std::getenv("DSCPP_GPT_ATTENTION");
   const std::string_view name = env != nullptr ? env : "";
   if (name == "sdpa") return GptAttention::kSdpa;
@@ -232,7 +238,7 @@ GptAttention active_gpt_attention(const at::Tensor& q) {
   // causal softmax beat libtorch 2.15's flash kernel (0.86x the tokens/s with sdpa on the
   // benchmark GPT, 0.96x on the 150M GPT), in fp32 sdpa wins (1.04x, 1.03x). fp16 and CUDA
   // tensors take sdpa, unmeasured here.
-  if (q.defined() && q.is_cpu() && q.scalar_type() == at::kBFloat16) return GptAttention::kMath;
+  if (device == c10::DeviceType::CPU && dtype == at::kBFloat16) return GptAttention::kMath;
   return GptAttention::kSdpa;
 }
 

@@ -52,7 +52,9 @@ at::Tensor fused_gelu(const at::Tensor& x);
 enum class GptAttention { kMath, kSdpa };
 
 const char* to_string(GptAttention attention);
-// The attention DSCPP_GPT_ATTENTION chooses for q (read at each call).
+// The attention DSCPP_GPT_ATTENTION chooses for q (read at each call), or for tensors of
+// `dtype` on `device`.
 GptAttention active_gpt_attention(const at::Tensor& q);
+GptAttention active_gpt_attention(c10::DeviceType device, c10::ScalarType dtype);
 
 }  // namespace dscpp::models

@@ -116,6 +116,27 @@ int64_t GPTConfig::num_parameters() const {
 
 int64_t GPTConfig::block_parameters() const { return 12 * n_embd * n_embd + 13 * n_embd; }
 
+int64_t GPTConfig::activation_bytes(int64_t micro, c10::ScalarType dtype, bool checkpointing,
+                                    c10::DeviceType device) const {
+  // NOTE [GPT activations]: per token, a block's ops keep for backward ln_1's input and output
+  // (2 C), q, k and v (3 C), the attention's output and its contiguous copy (2 C), ln_2's input
+  // and output (2 C), the MLP's hidden state before and after GELU (8 C): 17 C, and with the
+  // math attention the [nh, T] scores' softmax per token too. Measured (peak RSS over
+  // micro-batches 1, 2 and 4, the benchmark GPT and the 150M GPT, fp32 and bf16, 2026-12-05,
+  // docs/offload.md) a block costs 17-22 C per token with the allocator's slack: 20 C is
+  // counted, and two blocks more for backward's gradients in flight. With checkpointing a block
+  // keeps its input (C) and backward recomputes one block at a time: three blocks' worth
+  // measured. The head: the logits in the training dtype and fp32, log-softmax and their
+  // gradients, 16 bytes per logit; the final LayerNorm's input and output.
+  const int64_t b = static_cast<int64_t>(c10::elementSize(dtype));
+  const int64_t tokens = micro * block_size;
+  const int64_t scores =
+      active_gpt_attention(device, dtype) == GptAttention::kMath ? n_head * block_size : 0;
+  const int64_t block = 20 * n_embd + scores;  // elements per token
+  const int64_t blocks = checkpointing ? n_layer * n_embd + 3 * block : (n_layer + 2) * block;
+  return tokens * (blocks * b + 16 * vocab_size + 8 * n_embd);
+}
+
 std::string GPTConfig::to_string() const {
   return detail::str_cat("n_layer=", n_layer, " n_head=", n_head, " n_embd=", n_embd,
                          " vocab_size=", vocab_size, " block_size=", block_size);

@@ -1,10 +1,13 @@
-// Implements return_freed_memory, keep_freed_memory_for_reuse and peak_rss_bytes (memory.h).
+// Implements return_freed_memory, keep_freed_memory_for_reuse, peak_rss_bytes and
+// current_rss_bytes (memory.h).
 #include "util/memory.h"
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cstdlib>  // defines __GLIBC__ on glibc
 #include <cstring>
+#include <fstream>
 
 #include "dscpp/error.h"
 
@@ -18,6 +21,13 @@ int64_t peak_rss_bytes() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // KiB on Linux
+}
+
+int64_t current_rss_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  if (!(statm >> size >> resident)) return 0;
+  return resident * static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
 }
 
 void return_freed_memory() {

@@ -9,6 +9,9 @@ namespace dscpp {
 // The most memory this process has held resident so far, in bytes (getrusage's ru_maxrss).
 int64_t peak_rss_bytes();
 
+// The memory this process holds resident now, in bytes (/proc/self/statm; 0 where there is none).
+int64_t current_rss_bytes();
+
 // Hands the pages of freed heap memory back to the system (glibc's malloc_trim; a no-op
 // elsewhere). The engine calls it after it frees a model's worth of memory at once (the original
 // parameters after flattening, a unit's full parameters after sharding): glibc returns a freed

@@ -42,6 +42,11 @@ struct GPTConfig {
   int64_t num_parameters() const;
   // Parameters of one block, 12*C*C + 13*C: the unit ZeRO stage 3 gathers whole.
   int64_t block_parameters() const;
+  // NOTE [GPT activations]: the most bytes a rank's forward and backward hold for activations
+  // at micro-batch `micro` of block_size tokens in `dtype` (the training dtype) on `device`, with
+  // or without activation checkpointing: what the memory estimate counts (src/engine/estimate.h).
+  int64_t activation_bytes(int64_t micro, c10::ScalarType dtype, bool checkpointing,
+                           c10::DeviceType device = c10::DeviceType::CPU) const;
   // "n_layer=2 n_head=4 n_embd=128 vocab_size=12 block_size=16"
   std::string to_string() const;
   // As safetensors metadata ({"n_layer": "2", ...}) and back; from_metadata throws ConfigError
