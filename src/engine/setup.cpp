@@ -239,6 +239,10 @@ void EngineImpl::check_memory_fits() {
   in.activations = activation_bytes_;
   const int64_t gpu_free = offload::gpu_free_memory(device);
   in.spilled = zero::presharded_bytes_spilled();  // on disk already (NOTE [spilled shards])
+  // zero::Init's fp32 shards in memory are held already too (the available memory is without
+  // them): counting them again refused a 1.5B GPT at stage 3 that dscpp train's check, made
+  // before the build, had let start.
+  if (!in.on_gpu) held += zero::presharded_bytes_in_memory();
   on_every_rank(
       "the pre-flight memory check", [&] { check_fits(in, config_, held, local, gpu_free); },
       /*checkpoint_error=*/false);
