@@ -76,13 +76,9 @@ void print_step_times(const models::GPTConfig* gpt, int64_t params, const Config
   engine::StepWork w;
   w.item_bytes = config.bf16.enabled || config.fp16.enabled ? 2 : 4;
   // The batch as the config resolves it at this world size; one sample per rank without one.
-  const int64_t micro = engine::configured_micro_batch(config, num_procs);
-  if (config.train_batch_size || config.train_micro_batch_size_per_gpu ||
-      config.gradient_accumulation_steps) {
-    Config resolved = config;
-    resolved.resolve_batch(num_procs, "--num_procs");
-    w.gas = resolved.batch.gradient_accumulation_steps;
-  }
+  const engine::ConfiguredBatch batch = engine::configured_batch(config, num_procs);
+  const int64_t micro = batch.micro;
+  w.gas = static_cast<int>(batch.gas);
   w.reduce_bucket_size = zc.reduce_bucket_size;
   w.max_reuse_distance = zc.stage3_max_reuse_distance;
   w.overlap = net.overlap;
@@ -276,7 +272,7 @@ int estimate_main(int argc, char** argv) {
         model == "gpt" ? "" : " (none without --model: the units are unknown)",
         in.activations >= 0
             ? fmt::format("the GPT's activations at micro-batch {}{} (NOTE [GPT activations])",
-                          engine::configured_micro_batch(config, num_procs),
+                          engine::configured_batch(config, num_procs).micro,
                           checkpointing ? " with checkpointing" : "")
             : "activations not counted (?: a model of your own; dscpp cannot know them: add "
               "what your forward keeps)",

@@ -171,14 +171,13 @@ TrainData open_data(TrainArgs& a) {
 }
 
 // The GPT on `device`, with --init's weights (below stage 3; stage 3 reads them after the engine
-// is set up, zero::load_weights).
+// is set up, zero::load_weights). `in`: the GPT's estimate input (engine::gpt_estimate_input).
 models::GPT build_model(const TrainArgs& a, const models::GPTConfig& gc, const Config& config,
-                        const std::shared_ptr<comm::Communicator>& comm, const at::Device& device) {
+                        engine::EstimateInput in, const std::shared_ptr<comm::Communicator>& comm,
+                        const at::Device& device) {
   // The pre-flight check (NOTE [pre-flight] in src/engine/estimate.h) before the model exists:
   // a GPT too large for this config fails here in a second, not after minutes of building it.
   {
-    engine::EstimateInput in = engine::gpt_estimate_input(
-        gc, config, comm->world_size(), !device.is_cpu(), a.checkpoint_activations);
     in.process = current_rss_bytes();  // libtorch, the data, the runtime's threads
     in.local = std::max(1, detect_process_env().local_world_size);
     const engine::Estimate e = engine::estimate(in, config);
@@ -441,15 +440,15 @@ int train_main(int argc, char** argv) {
   gc.n_layer = a.n_layer;
   gc.n_head = a.n_head;
   gc.n_embd = a.n_embd;
-  models::GPT model = build_model(a, gc, config, comm, device);
+  const engine::EstimateInput estimate_in = engine::gpt_estimate_input(
+      gc, config, comm->world_size(), !device.is_cpu(), a.checkpoint_activations);
+  models::GPT model = build_model(a, gc, config, estimate_in, comm, device);
 
   InitOptions io;
   io.comm = comm;
   io.zero_units = models::GPTImpl::zero_units();  // stage 3's units (ignored below)
   // The GPT's activations, so that the engine's own pre-flight check counts them too.
-  io.activation_bytes = engine::gpt_estimate_input(gc, config, comm->world_size(), !device.is_cpu(),
-                                                   a.checkpoint_activations)
-                            .activations;
+  io.activation_bytes = estimate_in.activations;
   // One progress line per print interval (below); the engine's resolved config and step line are
   // for debugging, or when the config asks for wall_clock_breakdown, which only that line shows.
   io.detail_log_level = config.wall_clock_breakdown ? LogLevel::info : LogLevel::debug;

@@ -85,10 +85,10 @@ int64_t gathered_peak(const StageThreeUnits& units, const ZeroConfig& z) {
   return peak;
 }
 
-int64_t configured_micro_batch(const Config& config, int world) {
+ConfiguredBatch configured_batch(const Config& config, int world) {
   if (!config.train_batch_size && !config.train_micro_batch_size_per_gpu &&
       !config.gradient_accumulation_steps && !config.elasticity.enabled) {
-    return 1;
+    return {};
   }
   Config resolved = config;
   if (config.elasticity.enabled) {
@@ -96,7 +96,8 @@ int64_t configured_micro_batch(const Config& config, int world) {
   } else {
     resolved.resolve_batch(world, "the world size");
   }
-  return resolved.batch.train_micro_batch_size_per_gpu;
+  return {resolved.batch.train_micro_batch_size_per_gpu,
+          resolved.batch.gradient_accumulation_steps};
 }
 
 EstimateInput gpt_estimate_input(const models::GPTConfig& gpt, const Config& config, int world,
@@ -111,7 +112,7 @@ EstimateInput gpt_estimate_input(const models::GPTConfig& gpt, const Config& con
   const at::ScalarType dtype = config.bf16.enabled   ? at::kBFloat16
                                : config.fp16.enabled ? at::kHalf
                                                      : at::kFloat;
-  in.activations = gpt.activation_bytes(configured_micro_batch(config, world), dtype, checkpointing,
+  in.activations = gpt.activation_bytes(configured_batch(config, world).micro, dtype, checkpointing,
                                         on_gpu ? c10::DeviceType::CUDA : c10::DeviceType::CPU);
   return in;
 }

@@ -138,9 +138,14 @@ struct Estimate {
   std::string describe() const;
 };
 
-// The micro-batch `config` resolves to at `world` ranks (with elasticity, the elastic batch's);
-// 1 when the config names no batch size (dscpp estimate without one).
-int64_t configured_micro_batch(const Config& config, int world);
+// The micro-batch and gradient accumulation steps `config` resolves to at `world` ranks (with
+// elasticity, the elastic batch's); one sample, no accumulation when the config names no batch
+// size (dscpp estimate without one).
+struct ConfiguredBatch {
+  int64_t micro = 1;
+  int64_t gas = 1;
+};
+ConfiguredBatch configured_batch(const Config& config, int world);
 
 // The estimate's input for the built-in GPT trained with `config` at `world` ranks: its
 // parameters, stage 3's units, the activations of the configured micro-batch (with or without
