@@ -363,7 +363,7 @@ void parse_bf16(JsonReader& root, Bf16Config* b) {
   if (old_name && root.has("bf16"))
     root.fail("bfloat16", "both 'bf16' and its old name 'bfloat16' are given. HINT: keep 'bf16'");
   root.raw(old_name ? "bf16" : "bfloat16");
-  JsonReader r = root.child(old_name ? "bfloat16" : "bf16");
+  JsonReader r = root.child(old_name ? "bfloat16" : "bf16", /*null_is_absent=*/true);
   r.get("enabled", &b->enabled);
   r.unimplemented("immediate_grad_update");
   r.unimplemented("check_grad_overflow");
@@ -503,7 +503,9 @@ void parse_zero(JsonReader& root, ZeroConfig* z) {
     r.fail("stage", "must be 0, 1, 2 or 3, got " + std::to_string(z->stage));
   // DeepSpeed: overlap_comm defaults to (stage == 3).
   z->overlap_comm = z->stage == 3;
-  if (!r.get("overlap_comm", &z->overlap_comm))
+  // null (DeepSpeed's Optional[bool]) is the stage's default too.
+  const bool overlap_null = r.raw("overlap_comm") && r.raw("overlap_comm")->is_null();
+  if (overlap_null || !r.get("overlap_comm", &z->overlap_comm))
     r.notes().set_origin(
         r.path("overlap_comm"),
         (r.notes().origins && r.notes().origins->count(r.path("overlap_comm")) ? "auto -> " : "") +
@@ -635,7 +637,7 @@ const Keys<AioConfig>& aio_keys() {
 }
 
 void parse_aio(JsonReader& root, AioConfig* a) {
-  JsonReader r = root.child("aio");
+  JsonReader r = root.child("aio", /*null_is_absent=*/true);
   aio_keys().read(r, *a);
   bool gds = false;
   if (r.get("use_gds", &gds) && gds) {
@@ -682,7 +684,7 @@ void parse_checkpoint(JsonReader& root, CheckpointConfig* c) {
   {
     CheckpointWriterConfig& cw = c->writer;
     cw.given = r.has("writer");
-    JsonReader w = r.child("writer");
+    JsonReader w = r.child("writer", /*null_is_absent=*/true);
     // DeepSpeed upper-cases type and data_parallel before it checks them.
     auto upper = [](std::string v) {
       for (char& ch : v) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));

@@ -66,6 +66,32 @@ const nlohmann::json& empty_object() {
   return kEmpty;
 }
 
+// NOTE [lax values]: the root's sections DeepSpeed validates with pydantic (their sub-sections
+// inherit).
+constexpr std::string_view kLaxSections[] = {"zero_optimization",
+                                             "fp16",
+                                             "bf16",
+                                             "bfloat16",
+                                             "comms_logger",
+                                             "tensorboard",
+                                             "wandb",
+                                             "csv_monitor",
+                                             "comet",
+                                             "compile",
+                                             "tensor_parallel",
+                                             "timers",
+                                             "hybrid_engine",
+                                             "weight_quantization"};
+// Keys whose DeepSpeed validator refuses a boolean where pydantic alone would coerce it.
+constexpr std::string_view kNoBoolAsNumber[] = {"fp16.loss_scale", "fp16.loss_scale_window",
+                                                "fp16.min_loss_scale"};
+
+std::string trimmed(const std::string& s) {
+  const auto first = s.find_first_not_of(" \t\n\r");
+  if (first == std::string::npos) return "";
+  return s.substr(first, s.find_last_not_of(" \t\n\r") - first + 1);
+}
+
 bool is_auto(const nlohmann::json& v) {
   return v.is_string() && v.get_ref<const std::string&>() == "auto";
 }
@@ -83,6 +109,88 @@ std::string quote_hint(const nlohmann::json& v) {
 }
 
 }  // namespace
+
+std::optional<bool> JsonReader::lax_bool(std::string_view key, const nlohmann::json& v) const {
+  if (!lax_) return std::nullopt;
+  std::optional<bool> b;
+  if (v.is_number() && (v.get<double>() == 0.0 || v.get<double>() == 1.0)) b = v.get<double>() != 0;
+  if (v.is_string()) {
+    const std::string w = to_lower(v.get<std::string>());
+    for (const char* t : {"true", "t", "yes", "y", "on", "1"})
+      if (w == t) b = true;
+    for (const char* f : {"false", "f", "no", "n", "off", "0"})
+      if (w == f) b = false;
+  }
+  if (b) note_coercion(key, v, *b ? "true" : "false");
+  return b;
+}
+
+std::optional<int64_t> JsonReader::lax_int(std::string_view key, const nlohmann::json& v) const {
+  if (!lax_) return std::nullopt;
+  std::optional<int64_t> x;
+  if (v.is_boolean()) {
+    for (std::string_view k : kNoBoolAsNumber)
+      if (path(key) == k) return std::nullopt;
+    x = v.get<bool>() ? 1 : 0;
+  }
+  if (v.is_string()) {
+    // Python's int() of the text: a sign, digits with single underscores between them; pydantic
+    // also takes a fraction of zeros ("2.0").
+    std::string t = trimmed(v.get<std::string>());
+    if (const auto dot = t.find('.'); dot != std::string::npos) {
+      if (t.find_first_not_of('0', dot + 1) != std::string::npos) return std::nullopt;
+      t.resize(dot);
+    }
+    std::string digits;
+    for (size_t i = 0; i < t.size(); ++i) {
+      const char c = t[i];
+      if ((c == '+' || c == '-') && i == 0) {
+        digits += c;
+      } else if (c == '_' && i > 0 && std::isdigit(static_cast<unsigned char>(t[i - 1])) &&
+                 i + 1 < t.size() && std::isdigit(static_cast<unsigned char>(t[i + 1]))) {
+        continue;
+      } else if (std::isdigit(static_cast<unsigned char>(c))) {
+        digits += c;
+      } else {
+        return std::nullopt;
+      }
+    }
+    int64_t parsed = 0;
+    const char* begin = digits.data() + (!digits.empty() && digits[0] == '+');
+    auto res = std::from_chars(begin, digits.data() + digits.size(), parsed);
+    if (res.ec != std::errc() || res.ptr != digits.data() + digits.size()) return std::nullopt;
+    x = parsed;
+  }
+  if (x) note_coercion(key, v, std::to_string(*x));
+  return x;
+}
+
+std::optional<double> JsonReader::lax_double(std::string_view key, const nlohmann::json& v) const {
+  if (!lax_) return std::nullopt;
+  std::optional<double> x;
+  if (v.is_boolean()) {
+    for (std::string_view k : kNoBoolAsNumber)
+      if (path(key) == k) return std::nullopt;
+    x = v.get<bool>() ? 1.0 : 0.0;
+  }
+  if (v.is_string()) {
+    const std::string t = trimmed(v.get<std::string>());
+    char* end = nullptr;
+    const double d = std::strtod(t.c_str(), &end);
+    if (t.empty() || end != t.c_str() + t.size() || !std::isfinite(d)) return std::nullopt;
+    x = d;
+  }
+  if (x) note_coercion(key, v, format_double(*x));
+  return x;
+}
+
+void JsonReader::note_coercion(std::string_view key, const nlohmann::json& v,
+                               const std::string& as) const {
+  const std::string p = path(key);
+  notes_.note(p + ": " + describe_json(v) + " read as " + as +
+              ", as DeepSpeed's validation (pydantic, lax) reads it");
+  notes_.set_origin(p, describe_json(v) + " -> " + as);
+}
 
 JsonReader::JsonReader(const nlohmann::json& object, std::string path, ParseNotes notes)
     : object_(&object), path_(std::move(path)), notes_(notes) {
@@ -103,6 +211,13 @@ void JsonReader::fail(std::string_view key, const std::string& message) const {
 void JsonReader::type_error(std::string_view key, std::string_view expected,
                             const nlohmann::json& got) const {
   std::string hint = quote_hint(got);
+  if (!hint.empty() && !lax_) {
+    const std::string& text = got.get_ref<const std::string&>();
+    hint += text == "true" || text == "false"
+                ? " (DeepSpeed reads this key without validation, where any non-empty string, "
+                  "\"false\" too, is true)"
+                : " (DeepSpeed reads this key without validation and would keep the string)";
+  }
   if (is_auto(got)) hint = ". HINT: \"auto\" is accepted only on keys that have a default";
   fail(key, "expected " + std::string(expected) + ", got " + describe_json(got) + hint);
 }
@@ -127,6 +242,7 @@ bool JsonReader::take_auto(std::string_view key, const nlohmann::json& v,
 }
 
 int64_t JsonReader::to_int64(std::string_view key, const nlohmann::json& v) const {
+  if (auto x = lax_int(key, v)) return *x;
   if (v.is_number_integer()) {
     if (v.is_number_unsigned() &&
         v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
@@ -144,6 +260,7 @@ int64_t JsonReader::to_int64(std::string_view key, const nlohmann::json& v) cons
 }
 
 double JsonReader::to_double(std::string_view key, const nlohmann::json& v) const {
+  if (auto x = lax_double(key, v)) return *x;
   if (!v.is_number()) type_error(key, "a number", v);
   return v.get<double>();
 }
@@ -151,6 +268,10 @@ double JsonReader::to_double(std::string_view key, const nlohmann::json& v) cons
 bool JsonReader::get(std::string_view key, bool* out) {
   const nlohmann::json* v = lookup(key);
   if (!v || take_auto(key, *v, *out ? "true" : "false")) return false;
+  if (auto b = lax_bool(key, *v)) {
+    *out = *b;
+    return true;
+  }
   if (!v->is_boolean()) type_error(key, "true or false", *v);
   *out = v->get<bool>();
   return true;
@@ -303,15 +424,27 @@ void JsonReader::require(std::string_view key, int64_t* out, std::string_view wh
   *out = to_int64(key, *v);
 }
 
-JsonReader JsonReader::child(std::string_view key) {
+JsonReader JsonReader::child(std::string_view key, bool null_is_absent) {
   const nlohmann::json* v = lookup(key);
-  if (!v) return JsonReader(empty_object(), path(key), notes_);
+  bool lax = lax_;
+  for (std::string_view s : kLaxSections)
+    if (path_.empty() && key == s) lax = true;
+  auto over = [&](const nlohmann::json& object) {
+    JsonReader r(object, path(key), notes_);
+    r.lax_ = lax;
+    return r;
+  };
+  if (!v) return over(empty_object());
   if (is_auto(*v)) {
     take_auto(key, *v, "(all defaults)");
-    return JsonReader(empty_object(), path(key), notes_);
+    return over(empty_object());
+  }
+  if (v->is_null() && (lax_ || null_is_absent)) {
+    notes_.note(path(key) + " is null: read as absent, as DeepSpeed reads it");
+    return over(empty_object());
   }
   if (!v->is_object()) type_error(key, "an object", *v);
-  return JsonReader(*v, path(key), notes_);
+  return over(*v);
 }
 
 void JsonReader::unimplemented(std::string_view key) {

@@ -11,7 +11,18 @@
 //     error; on the batch keys it means "not given" (get_batch).
 //   - A wrong JSON type is an error naming the path, the expected type and the value found.
 //     Integers may be written as integral floats (5e8), as DeepSpeed reads them as int.
-//   - null is accepted only where the field is optional (std::optional), meaning "unset".
+//   - null is accepted only where the field is optional (std::optional), meaning "unset", and
+//     for the sections DeepSpeed reads null as absent (NOTE [lax values]).
+//
+// NOTE [lax values]: the sections DeepSpeed validates with pydantic (zero_optimization and what
+// is inside it, fp16, bf16, the monitors, comms_logger, compile, tensor_parallel, hybrid_engine,
+// timers, weight_quantization: kLaxSections in json_reader.cpp) accept what pydantic 2's lax
+// mode coerces, and so does dscpp there, each coercion noted: for a boolean 0 / 1 (or 0.0 / 1.0)
+// and the strings true/false, t/f, yes/no, y/n, on/off, 1/0 in any case; for an integer a string
+// of one ("2", " 3 ", "1_000", "2.0") and true / false; for a number a string of one and true /
+// false; null for an optional sub-section (offload_param, offload_optimizer, leaf_module) means
+// absent. Everything else stays an error, and so does every coercion outside those sections:
+// DeepSpeed reads those keys without validation, where the string "false" is true.
 #pragma once
 
 #include <array>
@@ -90,9 +101,9 @@ class JsonReader {
   void require(std::string_view key, double* out, std::string_view why);
   void require(std::string_view key, int64_t* out, std::string_view why);
 
-  // The sub-object `key`: a reader over it, or over an empty object when absent (or "auto").
-  // Not an object: ConfigError.
-  JsonReader child(std::string_view key);
+  // The sub-object `key`: a reader over it, or over an empty object when absent (or "auto", or
+  // null in a lax section or with `null_is_absent`). Not an object: ConfigError.
+  JsonReader child(std::string_view key, bool null_is_absent = false);
 
   // A real DeepSpeed key that dscpp does not implement yet: when present, a warning
   // "DeepSpeed key '<path>' is not implemented by dscpp yet and is ignored".
@@ -131,11 +142,18 @@ class JsonReader {
   bool get_optional(std::string_view key, std::optional<T>* out, Convert convert);
   int64_t to_int64(std::string_view key, const nlohmann::json& v) const;
   double to_double(std::string_view key, const nlohmann::json& v) const;
+  // NOTE [lax values]: in a lax section, the value a string, number or boolean of another JSON
+  // type coerces to (noted), else nullopt.
+  std::optional<bool> lax_bool(std::string_view key, const nlohmann::json& v) const;
+  std::optional<int64_t> lax_int(std::string_view key, const nlohmann::json& v) const;
+  std::optional<double> lax_double(std::string_view key, const nlohmann::json& v) const;
+  void note_coercion(std::string_view key, const nlohmann::json& v, const std::string& as) const;
 
   const nlohmann::json* object_;
   std::string path_;
   ParseNotes notes_;
   std::vector<std::string> known_;
+  bool lax_ = false;  // NOTE [lax values]
 };
 
 }  // namespace dscpp::config
