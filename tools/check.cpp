@@ -9,18 +9,17 @@
 // Hidden modes: `--worker` (what each rank runs), `--probe_connect ADDR:PORT` (run on a remote
 // host: can it open a TCP connection to the master?) and `--probe_listen PORT` (run on the
 // master host when that is not this machine).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -28,9 +27,11 @@
 #include <sstream>
 
 #include "comm/comms_logger.h"
+#include "config/key_verdicts.h"
 #include "dscpp/comm.h"
 #include "dscpp/config.h"
 #include "dscpp/error.h"
+#include "engine/check_supported.h"
 #include "launch/launcher.h"
 #include "tools.h"
 #include "util/log.h"
@@ -314,8 +315,8 @@ int worker_main(const std::vector<int64_t>& sizes_kib, int iters) {
 int check_main(int argc, char** argv) {
   CLI::App app{"dscpp check: pre-flight for a distributed job"};
   launch::LaunchOptions opts;
-  std::string config_path, level, probe;
-  bool worker = false, no_collectives = false;
+  std::string config_path, level, probe, device = "cpu";
+  bool worker = false, no_collectives = false, keys = false;
   std::vector<int64_t> sizes_kib{4, 256, 4096};
   int iters = 5;
   app.add_option("-H,--hostfile", opts.hostfile, "hostfile: lines 'hostname slots=N'");
@@ -329,10 +330,18 @@ int check_main(int argc, char** argv) {
   app.add_option("--launcher_args", opts.launcher_args, "extra arguments for the launcher");
   app.add_option("--remote_cmd", opts.remote_cmd, "remote-command template with {host} {command}");
   app.add_option("--remote_dscpp", opts.remote_dscpp, "path of dscpp on the remote hosts");
-  app.add_option("--config", config_path, "DeepSpeed JSON config to check against the world size");
+  app.add_option("--config", config_path,
+                 "DeepSpeed JSON config to check as the job would: its batch against the world "
+                 "size, and every setting the engine's set-up would refuse");
+  app.add_option("--device", device,
+                 "cpu|cuda: where the job's model is (dscpp train's --device), for the engine's "
+                 "checks of the config")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--sizes_kib", sizes_kib, "message sizes for the collective test")->delimiter(',');
   app.add_option("--iters", iters, "timed runs per operation and size");
   app.add_flag("--no_collectives", no_collectives, "skip the collective test");
+  app.add_flag("--keys", keys,
+               "print every DeepSpeed config key with what dscpp does with it (markdown) and exit");
   app.add_option("--log_level", level, "debug|info|warning|error");
   app.add_flag("--worker", worker)->group("");
   app.add_option("--probe_connect", probe)->group("");
@@ -350,6 +359,10 @@ int check_main(int argc, char** argv) {
     return err.empty() ? 0 : 1;
   }
   if (probe_port > 0) return probe_listen(probe_port, probe_accepts, 30);
+  if (keys) {
+    std::cout << config::config_key_reference();
+    return 0;
+  }
   if (worker) return worker_main(sizes_kib, iters);
 
   Checklist cl;
@@ -373,13 +386,22 @@ int check_main(int argc, char** argv) {
   if (!config_path.empty()) {
     try {
       auto cfg = Config::parse(config_path);
-      cfg.resolve_batch(world, fmt::format("world size {} from the hosts and --num_procs that "
-                                           "dscpp check was given", world));
+      // The engine's own decisions on the config (initialize() makes them first, with this text),
+      // for a model on --device and no optimizer but the config's (dscpp train).
+      engine::SupportContext support;
+      support.model_on_device = device != "cpu";
+      const std::vector<std::string> engine_warnings = engine::check_supported(cfg, support);
+      DSCPP_CHECK(world > 0, ConfigError,
+                  "the world size is not known here (the hosts come from the launcher at run "
+                  "time). HINT: give --hostfile or --num_nodes and --num_procs to check the "
+                  "batch against it");
+      cfg.resolve_batch(world, "the hosts and --num_procs that dscpp check was given");
       cl.ok(fmt::format("config {}: train_batch_size {} = micro batch {} * GAS {} * {} ranks",
                         config_path, cfg.batch.train_batch_size,
                         cfg.batch.train_micro_batch_size_per_gpu,
                         cfg.batch.gradient_accumulation_steps, world));
       for (const auto& w : cfg.warnings) std::cout << "       warning: " << w << std::endl;
+      for (const auto& w : engine_warnings) std::cout << "       warning: " << w << std::endl;
       DSCPP_LOG_INFO("resolved config (values in force):\n{}", cfg.describe());
     } catch (const Error& e) {
       cl.fail(fmt::format("config {}: {}", config_path, e.what()));

@@ -24,6 +24,7 @@
 #include "dscpp/process_env.h"
 #include "dscpp/safetensors.h"
 #include "dscpp/zero.h"
+#include "engine/check_supported.h"
 #include "engine/estimate.h"
 #include "tools.h"
 #include "util/log.h"
@@ -427,6 +428,14 @@ int train_main(int argc, char** argv) {
   check_args(a);
   Config config = Config::parse(a.config);
   const at::Device device = choose_device(a.device);
+  // The engine's decisions on the config first (initialize() repeats them and logs their
+  // warnings): a refused setting stops the job here, as `dscpp check` stops it, before the
+  // rendezvous, the data and the model.
+  {
+    engine::SupportContext support;
+    support.model_on_device = !device.is_cpu();
+    engine::check_supported(config, support);
+  }
   // On the CPU "auto" means Gloo even on a host with CUDA.
   auto comm_options = comm::CommOptions::from_config(&config);
   if (comm_options.backend == "auto") comm_options.backend = device.is_cpu() ? "gloo" : "nccl";
@@ -502,9 +511,10 @@ int train_main(int argc, char** argv) {
       }
       if ((a.save_interval > 0 && (s + 1) % a.save_interval == 0) || s + 1 == a.steps) save();
     }
-    // The progress line every steps_per_print steps (DeepSpeed's key for its own step line) and
-    // at the last step.
-    if (rank != 0 || ((s + 1) % config.steps_per_print != 0 && s + 1 != a.steps)) continue;
+    // The progress line every steps_per_print steps (DeepSpeed's key for its own step line; 10
+    // when the config leaves it unset) and at the last step.
+    const int64_t every = config.steps_per_print.value_or(10);
+    if (rank != 0 || ((s + 1) % every != 0 && s + 1 != a.steps)) continue;
     const double elapsed = std::chrono::duration<double>(Clock::now() - t.start).count();
     const int64_t done = s + 1 - first_step;  // steps this run
     const double tok_s = done * engine.train_batch_size() * a.block_size / elapsed;

@@ -530,8 +530,9 @@ struct Config {
 
   // Clip gradients to this global L2 norm; 0 (default) disables. >= 0.
   double gradient_clipping = 0.0;
-  // Log progress every this many optimizer steps. Default 10. > 0.
-  int steps_per_print = 10;
+  // The engine's step line every this many optimizer steps. Unset (default, as in DeepSpeed
+  // 0.19.8): none. > 0.
+  std::optional<int64_t> steps_per_print;
   // Log the time of forward, backward and step. Default false.
   bool wall_clock_breakdown = false;
   // Divide gradients by the world size before the all-reduce instead of after. Default false.
@@ -546,6 +547,10 @@ struct Config {
   std::optional<std::string> communication_data_type;
   // Print the engine state after initialisation. Default false.
   bool dump_state = false;
+  // The log level initialize() sets (dscpp::set_log_level): "debug", "info", "warning", "error"
+  // or "critical" (read as "error"), any case, as DeepSpeed's engine sets its logger's. Unset
+  // (default): the level in force.
+  std::optional<std::string> log_level;
   // dscpp extension (not a DeepSpeed key; DeepSpeed ignores it): seed for parameter init and
   // data order. Unset (default): the program's own seeding. >= 0.
   std::optional<int64_t> seed;

@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "config/json_reader.h"
+#include "config/key_verdicts.h"
 #include "config/keys.h"
 #include "dscpp/error.h"
 #include "util/log.h"
@@ -175,7 +176,6 @@ void parse_optimizer(JsonReader& root, OptimizerConfig* o) {
     r.fail("type",
            msg + " dscpp supports " + join(kOptimizerTypes, ", ") + " (matched ignoring case)");
   }
-  r.unimplemented("legacy_fusion");
   JsonReader p = r.child("params");
   if (o->type == "Adam" || o->type == "AdamW") {
     parse_adam(p, o->type == "AdamW", &o->adam);
@@ -189,6 +189,7 @@ void parse_optimizer(JsonReader& root, OptimizerConfig* o) {
     lion_keys().read(p, o->lion);
   }
   p.finish();
+  r.read_not_honoured();
   r.finish();
 }
 
@@ -352,8 +353,7 @@ const Keys<Fp16Config>& fp16_keys() {
 void parse_fp16(JsonReader& root, Fp16Config* f) {
   JsonReader r = root.child("fp16");
   fp16_keys().read(r, *f);
-  r.unimplemented("fp16_master_weights_and_grads");
-  r.unimplemented("fused_mode");
+  r.read_not_honoured();
   r.finish();
 }
 
@@ -365,8 +365,6 @@ void parse_bf16(JsonReader& root, Bf16Config* b) {
   root.raw(old_name ? "bf16" : "bfloat16");
   JsonReader r = root.child(old_name ? "bfloat16" : "bf16", /*null_is_absent=*/true);
   r.get("enabled", &b->enabled);
-  r.unimplemented("immediate_grad_update");
-  r.unimplemented("check_grad_overflow");
   // DeepSpeed 0.18.3+ / 0.19.1: bf16 master weights and gradients, bf16 optimizer states (in host
   // memory under offload_optimizer cpu). Fewer bytes per parameter than dscpp keeps: refused
   // when asked for, accepted at false.
@@ -379,6 +377,7 @@ void parse_bf16(JsonReader& root, Bf16Config* b) {
              "HINT: remove it or set false");
     }
   }
+  r.read_not_honoured();
   r.finish();
 }
 
@@ -417,8 +416,7 @@ void parse_offload_optimizer(JsonReader& zr, OffloadOptimizerConfig* o) {
   JsonReader r = zr.child("offload_optimizer");
   read_offload_device(r, &o->device, &o->nvme_path);
   offload_optimizer_keys().read(r, *o);
-  r.unimplemented("super_offload");
-  r.unimplemented("cpuadam_cores_perc");
+  r.read_not_honoured();
   r.finish();
 }
 
@@ -529,9 +527,14 @@ void parse_zero(JsonReader& root, ZeroConfig* z) {
   parse_offload_optimizer(r, &z->offload_optimizer);
   parse_offload_param(r, &z->offload_param);
 
-  // Deprecated spellings DeepSpeed still maps onto offload_optimizer / offload_param.
+  // Deprecated spellings DeepSpeed still maps onto offload_optimizer / offload_param; null (their
+  // default in DeepSpeed) is absent.
+  auto given = [&r](const char* key) {
+    const json* v = r.raw(key);
+    return v && !v->is_null();
+  };
   bool flag = false;
-  if (r.get("cpu_offload", &flag)) {
+  if (given("cpu_offload") && r.get("cpu_offload", &flag)) {
     if (r.has("offload_optimizer"))
       r.fail("cpu_offload",
              "is deprecated and offload_optimizer is also given (DeepSpeed "
@@ -543,7 +546,7 @@ void parse_zero(JsonReader& root, ZeroConfig* z) {
     if (flag) z->offload_optimizer.device = "cpu";
   }
   flag = false;
-  if (r.get("cpu_offload_param", &flag)) {
+  if (given("cpu_offload_param") && r.get("cpu_offload_param", &flag)) {
     if (r.has("offload_param"))
       r.fail("cpu_offload_param",
              "is deprecated and offload_param is also given (DeepSpeed "
@@ -554,29 +557,11 @@ void parse_zero(JsonReader& root, ZeroConfig* z) {
                    (flag ? "cpu" : "none") + "\"");
     if (flag) z->offload_param.device = "cpu";
   }
-  if (r.get("cpu_offload_use_pin_memory", &flag))
+  if (given("cpu_offload_use_pin_memory") && r.get("cpu_offload_use_pin_memory", &flag))
     r.notes().warn(r.path("cpu_offload_use_pin_memory") +
                    " is deprecated and ignored (as in DeepSpeed). HINT: use "
                    "offload_optimizer.pin_memory / offload_param.pin_memory");
 
-  for (const char* key : {"elastic_checkpoint",
-                          "load_from_fp32_weights",
-                          "use_multi_rank_bucket_allreduce",
-                          "legacy_stage1",
-                          "mics_shard_size",
-                          "mics_hierarchical_params_gather",
-                          "memory_efficient_linear",
-                          "pipeline_loading_checkpoint",
-                          "override_module_apply",
-                          "stage3_model_persistence_threshold",
-                          "model_persistence_threshold",
-                          "stage3_module_granularity_threshold",
-                          "module_granularity_threshold",
-                          "stage3_use_all_reduce_for_fetch_params",
-                          "use_all_reduce_for_fetch_params",
-                          "log_trace_cache_warnings",
-                          "zenflow"})
-    r.unimplemented(key);
   // The rest of ZeRO++: their defaults (off) are accepted; asking for them is refused.
   bool flag_on = false;
   if (r.get("zero_quantized_nontrainable_weights", &flag_on) && flag_on) {
@@ -584,11 +569,7 @@ void parse_zero(JsonReader& root, ZeroConfig* z) {
            "true (frozen weights stored as int8) is not implemented yet: stage 3 keeps frozen "
            "parameters in the training dtype. HINT: remove it or set false");
   }
-  if (const json* loco = r.raw("zeropp_loco_param"); loco && !loco->is_null()) {
-    r.fail("zeropp_loco_param",
-           "(LoCo, error feedback for zero_quantized_gradients) is not implemented yet: the "
-           "quantized gradients are sent without it. HINT: remove it");
-  }
+  r.read_not_honoured();
   r.finish();
 
   // Settings DeepSpeed accepts but that have no effect at this stage: say so.
@@ -605,15 +586,23 @@ void parse_zero(JsonReader& root, ZeroConfig* z) {
                    "\" has no effect at stage " + std::to_string(z->stage) +
                    " (parameter offload is stage 3 only); ignored");
   if (z->stage != 3) {
+    // Only those set to another value than their default: a default says nothing.
+    const ZeroConfig d;
+    const std::pair<const char*, bool> stage3_keys[] = {
+        {"stage3_prefetch_bucket_size",
+         z->stage3_prefetch_bucket_size != d.stage3_prefetch_bucket_size},
+        {"stage3_param_persistence_threshold",
+         z->stage3_param_persistence_threshold != d.stage3_param_persistence_threshold},
+        {"stage3_max_live_parameters",
+         z->stage3_max_live_parameters != d.stage3_max_live_parameters},
+        {"stage3_max_reuse_distance", z->stage3_max_reuse_distance != d.stage3_max_reuse_distance},
+        {"leaf_module", !z->leaf_module.empty()},
+        {"zero_quantized_weights", z->zero_quantized_weights},
+        {"zero_quantized_gradients", z->zero_quantized_gradients},
+        {"zero_hpz_partition_size", z->zero_hpz_partition_size != d.zero_hpz_partition_size}};
     std::string given;
-    for (const char* key : {"stage3_prefetch_bucket_size", "prefetch_bucket_size",
-                            "stage3_param_persistence_threshold", "param_persistence_threshold",
-                            "stage3_max_live_parameters", "max_live_parameters",
-                            "stage3_max_reuse_distance", "max_reuse_distance", "leaf_module",
-                            "zero_quantized_weights", "zero_quantized_gradients",
-                            "zero_hpz_partition_size"}) {
-      if (r.has(key)) given += (given.empty() ? "" : ", ") + std::string(key);
-    }
+    for (const auto& [key, set] : stage3_keys)
+      if (set) given += (given.empty() ? "" : ", ") + std::string(key);
     if (!given.empty()) {
       r.notes().warn("zero_optimization." + given + ": stage 3 settings have no effect at stage " +
                      std::to_string(z->stage) + "; ignored");
@@ -718,6 +707,7 @@ void parse_checkpoint(JsonReader& root, CheckpointConfig* c) {
     w.get("io_multiplier", &cw.io_multiplier);
     w.finish();
   }
+  r.read_not_honoured();
   r.finish();
 }
 
@@ -748,7 +738,7 @@ const Keys<FlopsProfilerConfig>& flops_profiler_keys() {
 void parse_flops_profiler(JsonReader& root, FlopsProfilerConfig* f) {
   JsonReader r = root.child("flops_profiler");
   flops_profiler_keys().read(r, *f);
-  r.unimplemented("recompute_fwd_factor");
+  r.read_not_honoured();
   r.finish();
 }
 
@@ -835,46 +825,13 @@ const Keys<WandbConfig>& wandb_keys() {
   return k;
 }
 
-// Real DeepSpeed top-level keys (deepspeed/runtime/config.py and friends) dscpp does not
-// implement yet: present means a warning, never an error.
-const char* const kUnimplementedTopLevel[] = {"pipeline",
-                                              "sparse_attention",
-                                              "data_efficiency",
-                                              "curriculum_learning",
-                                              "compression_training",
-                                              "autotuning",
-                                              "amp",
-                                              "eigenvalue",
-                                              "quantize_training",
-                                              "sparse_gradients",
-                                              "hybrid_engine",
-                                              "nebula",
-                                              "data_types",
-                                              "graph_harvesting",
-                                              "memory_breakdown",
-                                              "disable_allgather",
-                                              "progressive_layer_drop",
-                                              "torch_autocast",
-                                              "weight_quantization",
-                                              "compile",
-                                              "timers",
-                                              "tensor_parallel",
-                                              "expert_parallel",
-                                              "dataloader_drop_last",
-                                              "vocabulary_size",
-                                              "zero_force_ds_cpu_optimizer",
-                                              "fp32_allreduce",
-                                              "seq_parallel_comm_data_type",
-                                              "use_data_before_expert_parallelism",
-                                              "sequence_parallel_size",
-                                              "trackio"};
-
 // The top level's plain keys (the batch triple and communication_data_type are code).
 const Keys<Config>& root_keys() {
   static const Keys<Config> k =
       Keys<Config>()
           .key("gradient_clipping", &Config::gradient_clipping, at_least(0.0))
-          .key("steps_per_print", &Config::steps_per_print, above(0))
+          .key("steps_per_print", &Config::steps_per_print, config::when_set(above<int64_t>(0)))
+          .unset_means("no step line")
           .key("wall_clock_breakdown", &Config::wall_clock_breakdown)
           .key("prescale_gradients", &Config::prescale_gradients)
           .key("gradient_predivide_factor", &Config::gradient_predivide_factor, above(0.0))
@@ -884,8 +841,8 @@ const Keys<Config>& root_keys() {
   return k;
 }
 
-void parse_root(const json& j, Config* c) {
-  ParseNotes notes{&c->warnings, &c->origins};
+void parse_root(const json& j, Config* c, std::vector<std::string>* read = nullptr) {
+  ParseNotes notes{&c->warnings, &c->origins, read};
   JsonReader r(j, "", notes);
 
   r.get_batch("train_batch_size", &c->train_batch_size);
@@ -900,6 +857,12 @@ void parse_root(const json& j, Config* c) {
     c->communication_data_type = t;
   }
 
+  if (r.get("log_level", &c->log_level) && c->log_level) {
+    c->log_level = to_lower(*c->log_level);
+    config::one_of({"debug", "info", "warning", "error", "critical"})
+        .check(r, "log_level", *c->log_level);
+  }
+
   parse_optimizer(r, &c->optimizer);
   parse_scheduler(r, &c->scheduler);
   parse_fp16(r, &c->fp16);
@@ -909,6 +872,10 @@ void parse_root(const json& j, Config* c) {
   read_section(r, "activation_checkpointing", activation_checkpointing_keys(),
                &c->activation_checkpointing);
   parse_checkpoint(r, &c->checkpoint);
+  if (r.has("elasticity"))
+    notes.note(
+        "elasticity: DeepSpeed 0.19.8 removed elastic training and refuses this section; "
+        "dscpp honours it as DeepSpeed 0.19.7 and earlier did");
   parse_elasticity(r, &c->elasticity);
   read_section(r, "comms_logger", comms_logger_keys(), &c->comms_logger);
   parse_flops_profiler(r, &c->flops_profiler);
@@ -916,7 +883,7 @@ void parse_root(const json& j, Config* c) {
   read_section(r, "tensorboard", monitor_keys(), &c->tensorboard);
   read_section(r, "wandb", wandb_keys(), &c->wandb);
   parse_comet(r, &c->comet);
-  for (const char* key : kUnimplementedTopLevel) r.unimplemented(key);
+  r.read_not_honoured();
   r.finish();
 
   if (c->fp16.enabled && c->bf16.enabled)
@@ -1138,6 +1105,53 @@ void describe_batch(Describer& d, const Config& c) {
 
 namespace config {
 
+std::string config_key_reference() {
+  // The keys the parser reads (NOTE [strict config reading]): parsing configs that open every
+  // conditional section, and each table's keys (optimizer and scheduler parameters per type).
+  std::vector<std::string> read = table_key_paths();
+  for (const char* seed :
+       {"{}", R"({"checkpoint": {"writer": {"io_buffer_double": true}}, "optimizer": {"type":
+       "Adam"}, "scheduler": {"type": "WarmupLR"}})"}) {
+    Config c;
+    parse_root(json::parse(seed), &c, &read);
+  }
+  std::map<std::string, const KeyVerdict*> keys;  // sorted by path
+  for (const std::string& p : read) {
+    const KeyVerdict* v = find_key_verdict(p);
+    const bool under_verdict_section = [&] {  // inside a section the table judges as a whole
+      for (const KeyVerdict& kv : key_verdicts())
+        if (p.size() > kv.path.size() && p.compare(0, kv.path.size(), kv.path) == 0 &&
+            p[kv.path.size()] == '.')
+          return true;
+      return false;
+    }();
+    if (!under_verdict_section) keys.emplace(p, v);
+  }
+  for (const KeyVerdict& v : key_verdicts()) keys[std::string(v.path)] = &v;
+  // A path that only opens a section read key by key (zero_optimization, fp16) is no key of its
+  // own: drop it when keys below it are listed.
+  for (auto it = keys.begin(); it != keys.end();) {
+    auto next = std::next(it);
+    const bool parent = next != keys.end() && !it->second &&
+                        next->first.compare(0, it->first.size() + 1, it->first + ".") == 0;
+    it = parent ? keys.erase(it) : next;
+  }
+  std::map<KeyClass, int> counts;
+  std::string rows;
+  for (const auto& [path, v] : keys) {
+    const KeyClass cls = v ? v->cls : KeyClass::honoured;
+    ++counts[cls];
+    std::string what = v ? std::string(v->why) : "";
+    if (v && !v->inert.empty()) what = "inert: `" + std::string(v->inert) + "`; " + what;
+    if (v && !v->hint.empty()) what += ". HINT: " + std::string(v->hint);
+    rows += "| `" + path + "` | " + class_name(cls) + " | " + what + " |\n";
+  }
+  std::string out = "| class | keys |\n| --- | --- |\n";
+  for (const auto& [cls, n] : counts)
+    out += "| " + std::string(class_name(cls)) + " | " + std::to_string(n) + " |\n";
+  return out + "\n| key | class | what dscpp does |\n| --- | --- | --- |\n" + rows;
+}
+
 std::vector<std::string> table_key_paths() {
   std::vector<std::string> out;
   auto add = [&out](const std::string& prefix, const std::vector<std::string>& names) {
@@ -1176,6 +1190,7 @@ std::string Config::describe() const {
   d.line("communication_data_type", communication_data_type
                                         ? "\"" + *communication_data_type + "\""
                                         : std::string("(unset: the training precision)"));
+  if (log_level) d.str("log_level", log_level);
   describe_optimizer(d, optimizer);
   describe_scheduler(d, scheduler);
   fp16_keys().describe(d, "fp16.", fp16);

@@ -6,7 +6,9 @@
 #include <charconv>
 #include <cmath>
 #include <limits>
+#include <mutex>
 
+#include "config/key_verdicts.h"
 #include "dscpp/error.h"
 #include "util/log.h"
 #include "util/strings.h"
@@ -92,6 +94,11 @@ std::string trimmed(const std::string& s) {
   return s.substr(first, s.find_last_not_of(" \t\n\r") - first + 1);
 }
 
+// The table's spelling of a path: bf16 for DeepSpeed's old section name bfloat16.
+std::string verdict_path(const std::string& path) {
+  return path.rfind("bfloat16", 0) == 0 ? "bf16" + path.substr(8) : path;
+}
+
 bool is_auto(const nlohmann::json& v) {
   return v.is_string() && v.get_ref<const std::string&>() == "auto";
 }
@@ -110,17 +117,26 @@ std::string quote_hint(const nlohmann::json& v) {
 
 }  // namespace
 
+namespace {
+
+// What pydantic's lax mode reads as a boolean besides true and false.
+std::optional<bool> coerced_bool(const nlohmann::json& v) {
+  if (v.is_number() && (v.get<double>() == 0.0 || v.get<double>() == 1.0))
+    return v.get<double>() != 0;
+  if (!v.is_string()) return std::nullopt;
+  const std::string w = to_lower(v.get<std::string>());
+  for (const char* t : {"true", "t", "yes", "y", "on", "1"})
+    if (w == t) return true;
+  for (const char* f : {"false", "f", "no", "n", "off", "0"})
+    if (w == f) return false;
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::optional<bool> JsonReader::lax_bool(std::string_view key, const nlohmann::json& v) const {
   if (!lax_) return std::nullopt;
-  std::optional<bool> b;
-  if (v.is_number() && (v.get<double>() == 0.0 || v.get<double>() == 1.0)) b = v.get<double>() != 0;
-  if (v.is_string()) {
-    const std::string w = to_lower(v.get<std::string>());
-    for (const char* t : {"true", "t", "yes", "y", "on", "1"})
-      if (w == t) b = true;
-    for (const char* f : {"false", "f", "no", "n", "off", "0"})
-      if (w == f) b = false;
-  }
+  const std::optional<bool> b = coerced_bool(v);
   if (b) note_coercion(key, v, *b ? "true" : "false");
   return b;
 }
@@ -222,8 +238,13 @@ void JsonReader::type_error(std::string_view key, std::string_view expected,
   fail(key, "expected " + std::string(expected) + ", got " + describe_json(got) + hint);
 }
 
-const nlohmann::json* JsonReader::lookup(std::string_view key) {
+void JsonReader::mark_known(std::string_view key) {
   known_.emplace_back(key);
+  if (notes_.read) notes_.read->push_back(path(key));
+}
+
+const nlohmann::json* JsonReader::lookup(std::string_view key) {
+  mark_known(key);
   auto it = object_->find(std::string(key));
   return it == object_->end() ? nullptr : &*it;
 }
@@ -383,7 +404,7 @@ bool JsonReader::get(std::string_view key, std::optional<std::string>* out) {
 void JsonReader::get_batch(std::string_view key, std::optional<int>* out) {
   const nlohmann::json* v = lookup(key);
   out->reset();
-  if (!v) return;
+  if (!v || v->is_null()) return;  // null: DeepSpeed's default (None), not given
   const std::string p = path(key);
   if (is_auto(*v)) {
     notes_.note(p + " is \"auto\": treated as not given; the batch triangle derives it");
@@ -447,9 +468,89 @@ JsonReader JsonReader::child(std::string_view key, bool null_is_absent) {
   return over(*v);
 }
 
-void JsonReader::unimplemented(std::string_view key) {
-  if (lookup(key))
-    notes_.warn("DeepSpeed key '" + path(key) + "' is not implemented by dscpp yet and is ignored");
+bool JsonReader::is_inert(const nlohmann::json& v, const nlohmann::json& inert) const {
+  if (is_auto(v)) return true;  // the default (pydantic drops "auto")
+  if (inert.is_array()) {
+    for (const nlohmann::json& want : inert) {
+      if (v == want) return true;
+      if (want.is_boolean() && lax_) {
+        if (auto b = coerced_bool(v); b && *b == want.get<bool>()) return true;
+      }
+    }
+    return false;
+  }
+  if (!inert.is_object()) return false;  // "": no value is inert
+  if (v.is_null()) return true;          // a section given null: absent
+  if (!v.is_object()) return false;
+  for (auto it = inert.begin(); it != inert.end(); ++it) {
+    auto got = v.find(it.key());
+    if (got == v.end()) continue;
+    const bool nested = it->is_object() && !it->empty();
+    if (!is_inert(*got, nested ? *it : nlohmann::json::array({*it}))) return false;
+  }
+  return true;
+}
+
+void JsonReader::not_honoured(std::string_view key) {
+  const nlohmann::json* v = lookup(key);
+  const std::string p = path(key);
+  const KeyVerdict* verdict = find_key_verdict(verdict_path(p));
+  DSCPP_CHECK(verdict != nullptr, Error, "internal: no verdict for the config key ", p);
+  if (!v) return;
+  static std::mutex mu;
+  static std::map<std::string, nlohmann::json> parsed;  // each verdict's inert JSON, read once
+  nlohmann::json inert;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    auto it = parsed.find(p);
+    if (it == parsed.end())
+      it = parsed
+               .emplace(p, verdict->inert.empty() ? nlohmann::json()
+                                                  : nlohmann::json::parse(verdict->inert))
+               .first;
+    inert = it->second;
+  }
+  if (is_inert(*v, inert)) return;
+  const std::string value = describe_json(*v);
+  switch (verdict->cls) {
+    case KeyClass::refused:
+      fail(key, value + " is not accepted: " + std::string(verdict->why) +
+                    (verdict->hint.empty() ? "" : ". HINT: " + std::string(verdict->hint)));
+    case KeyClass::observes:
+      notes_.warn(p + " " + value + ": " + std::string(verdict->why) +
+                  "; nothing more is observed, training is unchanged");
+      return;
+    case KeyClass::no_effect:
+      notes_.warn(p + " " + value + " has no effect in dscpp: " + std::string(verdict->why) +
+                  "; training is unchanged");
+      return;
+    case KeyClass::unused:
+    case KeyClass::honoured:
+      return;
+  }
+}
+
+void JsonReader::read_not_honoured() {
+  const std::string prefix = path_.empty() ? "" : verdict_path(path_) + ".";
+  std::vector<std::string> sections;  // direct children only the table names below
+  for (const KeyVerdict& v : key_verdicts()) {
+    if (v.path.substr(0, prefix.size()) != prefix) continue;
+    const std::string_view rest = v.path.substr(prefix.size());
+    const auto dot = rest.find('.');
+    if (dot == std::string_view::npos) {
+      not_honoured(rest);
+    } else {
+      const std::string name(rest.substr(0, dot));
+      if (std::find(known_.begin(), known_.end(), name) == known_.end() &&
+          std::find(sections.begin(), sections.end(), name) == sections.end())
+        sections.push_back(name);
+    }
+  }
+  for (const std::string& name : sections) {
+    JsonReader r = child(name);
+    r.read_not_honoured();
+    r.finish();
+  }
 }
 
 void JsonReader::finish() const {

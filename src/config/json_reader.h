@@ -40,6 +40,7 @@ namespace dscpp::config {
 struct ParseNotes {
   std::vector<std::string>* warnings = nullptr;
   std::map<std::string, std::string>* origins = nullptr;  // JSON path -> how it was chosen
+  std::vector<std::string>* read = nullptr;  // when set, every path a reader asks about
 
   // Appends to warnings and logs at warning level.
   void warn(const std::string& message) const;
@@ -85,10 +86,10 @@ class JsonReader {
       fail(key, "'" + std::string(key) + "' and its alias '" + std::string(alias) +
                     "' are both given. HINT: keep one of them");
     if (has(alias)) {
-      known_.emplace_back(key);
+      mark_known(key);
       return get(alias, out);
     }
-    known_.emplace_back(alias);
+    mark_known(alias);
     return get(key, out);
   }
 
@@ -105,9 +106,10 @@ class JsonReader {
   // null in a lax section or with `null_is_absent`). Not an object: ConfigError.
   JsonReader child(std::string_view key, bool null_is_absent = false);
 
-  // A real DeepSpeed key that dscpp does not implement yet: when present, a warning
-  // "DeepSpeed key '<path>' is not implemented by dscpp yet and is ignored".
-  void unimplemented(std::string_view key);
+  // NOTE [key verdicts]: applies kKeyVerdicts' line for every key of this object the table
+  // names (its sections that no parser read opened, applied and finished too). A section parser
+  // calls it after its own reads, before finish().
+  void read_not_honoured();
 
   // The raw value of `key` (nullptr when absent), marking it known; for keys the caller
   // interprets itself (deprecated spellings, polymorphic values).
@@ -131,6 +133,13 @@ class JsonReader {
   void finish() const;
 
  private:
+  // The verdict's line for `key` (key_verdicts.h): nothing when absent or inert, else a
+  // ConfigError or a warning by its class.
+  void not_honoured(std::string_view key);
+  // Whether `v` is one of the verdict's inert values (or meets its section condition).
+  bool is_inert(const nlohmann::json& v, const nlohmann::json& inert) const;
+  // Marks `key` known (and read, NOTE [key verdicts]) without looking it up.
+  void mark_known(std::string_view key);
   // Marks `key` known; returns its value or nullptr when absent.
   const nlohmann::json* lookup(std::string_view key);
   // True (after noting it) when v is the string "auto".

@@ -43,6 +43,9 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> model, Config config, 
       config_log_level_(options.config_log_level),
       activation_bytes_(options.activation_bytes) {
   DSCPP_CHECK(model_, ConfigError, "initialize() was given a null model");
+  // The config's log_level first, as DeepSpeed's engine sets its logger's.
+  if (config_.log_level)
+    set_log_level(parse_log_level(*config_.log_level == "critical" ? "error" : *config_.log_level));
   fault::check_environment();
   // NOTE [allocator for training]: from the start, so set-up's own allocations already follow
   // it (what set-up frees in bulk is handed back explicitly, return_freed_memory).

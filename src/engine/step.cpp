@@ -416,7 +416,7 @@ void EngineImpl::apply_step() {
       window_s,      used_scale, false};
   fetch_ = strategy_->take_fetch_stats();
   store_report_ = store_->take_report();
-  if (config_.steps_per_print > 0 && global_steps_ % config_.steps_per_print == 0) log_step();
+  if (config_.steps_per_print && global_steps_ % *config_.steps_per_print == 0) log_step();
   write_monitors();
   finish_profiler();
   abandon_window();  // zeroes the gradients, resets the window's counters and timers

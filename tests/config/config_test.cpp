@@ -1,6 +1,6 @@
 // Tests of the DeepSpeed config layer: DeepSpeed's own batch-triangle cases, strictness
-// (unknown keys with suggestions, types, ranges, "auto", unimplemented keys), every section's
-// defaults, parsing from files and strings, and describe().
+// (unknown keys with suggestions, types, ranges, "auto", the verdicts on keys dscpp does not act
+// on), every section's defaults, parsing from files and strings, and describe().
 #include "dscpp/config.h"
 
 #include <gtest/gtest.h>
@@ -12,9 +12,12 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "config/key_verdicts.h"
 #include "config/keys.h"
 #include "dscpp/error.h"
 #include "support/errors.h"
+#include "support/subprocess.h"
+#include "support/temp_dir.h"
 #include "util/strings.h"
 
 namespace dscpp {
@@ -356,8 +359,8 @@ TEST(ConfigTypes, WrongTypeNamesPathExpectedAndFound) {
             "zero_optimization: expected an object, got array [1]");
   EXPECT_EQ(parse_error(R"({"optimizer": {"type": 3}})"),
             "optimizer.type: expected a string, got number 3");
-  EXPECT_EQ(parse_error(R"({"steps_per_print": null})"),
-            "steps_per_print: expected an integer, got null");
+  EXPECT_EQ(parse_error(R"({"wall_clock_breakdown": null})"),
+            "wall_clock_breakdown: expected true or false, got null");
   EXPECT_NE(parse_error(R"({"zero_optimization": true})")
                 .find("the boolean form is DeepSpeed's deprecated ZeRO format"),
             std::string::npos);
@@ -602,31 +605,88 @@ TEST(ConfigPrecision, Fp16Fields) {
   EXPECT_DOUBLE_EQ(c.fp16.min_loss_scale, 0.5);
 }
 
-// ----- unimplemented DeepSpeed keys: warnings, not errors --------------------------------------
+// ----- DeepSpeed keys dscpp does not act on (NOTE [key verdicts]) -------------------------------
 
-TEST(ConfigUnimplemented, WarnsAndIgnores) {
+TEST(ConfigVerdicts, EachClassActsAsItSays) {
+  // At their inert values (a default, disabled, "auto", lax spellings in a pydantic section):
+  // accepted without a word.
   Config c = Config::parse(R"({
-    "train_batch_size": 8,
-    "pipeline": {"stages": "auto", "anything": [1, 2]},
-    "sparse_attention": {"mode": "fixed"},
-    "amp": {"enabled": true, "opt_level": "O1"},
-    "fp16": {"enabled": true, "fp16_master_weights_and_grads": true},
-    "zero_optimization": {"stage": 3, "mics_shard_size": 4, "stage3_use_all_reduce_for_fetch_params": true},
-    "optimizer": {"type": "Adam", "legacy_fusion": false}
+    "train_batch_size": 8, "sequence_parallel_size": 1, "gradient_allreduce_op": "mean",
+    "hybrid_engine": {"enabled": false, "max_out_tokens": 5},
+    "compile": {"deepcompile": false, "free_activation": true},
+    "tensor_parallel": {"autotp_size": 0, "tp": {"tp_size": 1}},
+    "data_types": {"grad_accum_dtype": null}, "torch_autocast": {"enabled": "auto"},
+    "fp16": {"enabled": true, "fp16_master_weights_and_grads": false},
+    "zero_optimization": {"stage": 3, "zenflow": null, "use_all_reduce_for_fetch_params": "off",
+      "offload_optimizer": {"device": "cpu", "super_offload": 0}},
+    "optimizer": {"type": "Adam", "legacy_fusion": false},
+    "disable_allgather": true
   })");
-  EXPECT_EQ(c.train_batch_size, 8);
+  EXPECT_TRUE(c.warnings.empty()) << join(c.warnings, "\n");
   EXPECT_TRUE(c.fp16.enabled);
-  EXPECT_EQ(c.zero_optimization.stage, 3);
-  for (const char* key :
-       {"pipeline", "sparse_attention", "amp", "fp16.fp16_master_weights_and_grads",
-        "zero_optimization.stage3_use_all_reduce_for_fetch_params",
-        "zero_optimization.mics_shard_size", "optimizer.legacy_fusion"}) {
-    EXPECT_TRUE(has_warning(c, std::string("DeepSpeed key '") + key +
-                                   "' is not implemented by dscpp yet and is ignored"))
-        << key;
-  }
-  EXPECT_EQ(c.warnings.size(), 7u);
-  EXPECT_NE(c.describe().find("DeepSpeed key 'pipeline' is not implemented"), std::string::npos);
+  // Refused: a value that asks for what dscpp does not do, with why and what to do.
+  EXPECT_EQ(parse_error(R"({"sequence_parallel_size": 2})"),
+            "sequence_parallel_size: number 2 is not accepted: sequence parallelism splits each "
+            "sequence over ranks and divides the data-parallel world by it; dscpp has none, so "
+            "every rank would train another micro-batch than in DeepSpeed. HINT: remove it (1)");
+  EXPECT_NE(parse_error(R"({"hybrid_engine": {"enabled": true}})")
+                .find("hybrid_engine: object {\"enabled\":true} is not accepted"),
+            std::string::npos);
+  EXPECT_NE(
+      parse_error(R"({"tensor_parallel": {"tp": {"tp_size": 2}}})").find("tensor_parallel: object"),
+      std::string::npos);
+  EXPECT_NE(parse_error(R"({"bfloat16": {"enabled": true, "immediate_grad_update": "yes"}})")
+                .find("bfloat16.immediate_grad_update: string \"yes\" is not accepted"),
+            std::string::npos);
+  EXPECT_NE(parse_error(R"({"zero_optimization": {"stage": 2, "load_from_fp32_weights": false}})")
+                .find("HINT: remove it or set true"),
+            std::string::npos);
+  // DeepSpeed 0.19.8's removed features: refused whatever the value, as DeepSpeed refuses them.
+  for (const char* removed : {R"({"amp": {"enabled": false}})", R"({"nebula": {}})",
+                              R"({"curriculum_learning": {"enabled": false}})",
+                              R"({"zero_optimization": {"mics_shard_size": -1}})",
+                              R"({"zero_optimization": {"zeropp_loco_param": null}})"})
+    EXPECT_NE(
+        parse_error(removed).find("DeepSpeed 0.19.8 removed this feature and refuses the key"),
+        std::string::npos)
+        << removed;
+  // Observes / no effect: a warning that says so; unused: nothing.
+  c = Config::parse(R"({"memory_breakdown": true, "disable_python_gc": true,
+      "pipeline": {"stages": 2}, "zero_optimization": {"stage3_allgather_sequential": true}})");
+  EXPECT_TRUE(has_warning(c, "memory_breakdown boolean true: it prints memory use"));
+  EXPECT_TRUE(has_warning(c, "nothing more is observed, training is unchanged"));
+  EXPECT_TRUE(has_warning(c,
+                          "disable_python_gc boolean true has no effect in dscpp: it turns off "
+                          "Python's garbage collector; a C++ program has none; training is "
+                          "unchanged"));
+  EXPECT_TRUE(has_warning(c, "pipeline object {\"stages\":2} has no effect in dscpp"));
+  EXPECT_TRUE(has_warning(c,
+                          "zero_optimization.stage3_allgather_sequential boolean true has no "
+                          "effect"));
+  EXPECT_EQ(c.warnings.size(), 4u) << join(c.warnings, "\n");
+  // A section only verdicts name is still checked for unknown keys.
+  EXPECT_NE(parse_error(R"({"data_types": {"grad_acum_dtype": "fp32"}})")
+                .find("unknown key 'grad_acum_dtype' at data_types; did you mean "
+                      "'grad_accum_dtype'?"),
+            std::string::npos);
+  // Keys of older DeepSpeed releases that 0.19.8 no longer knows are unknown here too.
+  EXPECT_NE(parse_error(R"({"fp16": {"fused_mode": true}})").find("unknown key 'fused_mode'"),
+            std::string::npos);
+  // elasticity: removed from DeepSpeed 0.19.8, honoured by dscpp, and said so.
+  c = Config::parse(R"({"elasticity": {"enabled": false}})");
+  EXPECT_TRUE(has_warning(c, "elasticity: DeepSpeed 0.19.8 removed elastic training"));
+}
+
+// log_level: initialize() sets it, as DeepSpeed's engine sets its logger's.
+TEST(ConfigRoot, LogLevelIsReadInAnyCase) {
+  EXPECT_EQ(*Config::parse(R"({"log_level": "WARNING"})").log_level, "warning");
+  EXPECT_EQ(*Config::parse(R"({"log_level": "critical"})").log_level, "critical");
+  EXPECT_FALSE(Config::parse(R"({"log_level": null})").log_level);
+  EXPECT_NE(parse_error(R"({"log_level": "verbose"})")
+                .find("log_level: must be one of debug, info, warning, error, critical"),
+            std::string::npos);
+  // null batch keys are DeepSpeed's default (None): not given.
+  EXPECT_FALSE(Config::parse(R"({"train_batch_size": null})").train_batch_size);
 }
 
 // ZeRO++: zero_quantized_weights, zero_quantized_gradients and zero_hpz_partition_size are
@@ -636,7 +696,7 @@ TEST(ConfigUnimplemented, WarnsAndIgnores) {
 TEST(ConfigZeroPlusPlus, QuantizedWeightsAreReadTheRestRefusedWhenAskedFor) {
   Config c = Config::parse(R"({"zero_optimization": {"stage": 3, "zero_quantized_weights": true,
       "zero_hpz_partition_size": 8, "zero_quantized_gradients": true,
-      "zero_quantized_nontrainable_weights": false, "zeropp_loco_param": null}})");
+      "zero_quantized_nontrainable_weights": false}})");
   EXPECT_TRUE(c.zero_optimization.zero_quantized_weights);
   EXPECT_TRUE(c.zero_optimization.zero_quantized_gradients);
   EXPECT_EQ(c.zero_optimization.zero_hpz_partition_size, 8);
@@ -654,7 +714,7 @@ TEST(ConfigZeroPlusPlus, QuantizedWeightsAreReadTheRestRefusedWhenAskedFor) {
                 .find("(frozen weights stored as int8) is not implemented yet"),
             std::string::npos);
   EXPECT_NE(parse_error(R"({"zero_optimization": {"zeropp_loco_param": {"err_beta": 0.8}}})")
-                .find("(LoCo, error feedback for zero_quantized_gradients) is not implemented"),
+                .find("runs without LoCo's error feedback"),
             std::string::npos);
 }
 
@@ -675,7 +735,7 @@ TEST(ConfigDefaults, EmptyConfigHasDeepSpeedDefaults) {
   EXPECT_TRUE(c.warnings.empty());
   EXPECT_FALSE(c.train_batch_size || c.train_micro_batch_size_per_gpu ||
                c.gradient_accumulation_steps);
-  EXPECT_EQ(c.steps_per_print, 10);
+  EXPECT_FALSE(c.steps_per_print);  // DeepSpeed 0.19.8: None, no step line
   EXPECT_DOUBLE_EQ(c.gradient_clipping, 0.0);
   EXPECT_FALSE(c.wall_clock_breakdown);
   EXPECT_FALSE(c.prescale_gradients);
@@ -1123,7 +1183,7 @@ TEST(ConfigDescribe, ShowsValuesInForceAndMarksDerivedOnes) {
             std::string::npos)
       << d;
   EXPECT_NE(d.find("  world size = 2 (WORLD_SIZE set by dscpp launch)\n"), std::string::npos) << d;
-  EXPECT_NE(d.find("  steps_per_print = 10\n"), std::string::npos) << d;
+  EXPECT_NE(d.find("  steps_per_print = (unset: no step line)\n"), std::string::npos) << d;
   EXPECT_NE(d.find("  optimizer.type = Adam\n"), std::string::npos) << d;
   EXPECT_NE(d.find("  optimizer.params.betas = [0.9, 0.999]\n"), std::string::npos) << d;
   EXPECT_NE(d.find("  zero_optimization.overlap_comm = true  (stage 0 always overlaps its "
@@ -1143,7 +1203,7 @@ TEST(ConfigExample, ShippedExampleResolvesAtWorldSizeTwo) {
   EXPECT_DOUBLE_EQ(c.optimizer.adam.lr, 1e-3);
   EXPECT_EQ(c.scheduler.type, "WarmupLR");
   EXPECT_EQ(c.zero_optimization.stage, 0);
-  EXPECT_EQ(c.steps_per_print, 10);
+  EXPECT_EQ(c.steps_per_print, 10);  // the example sets it
   EXPECT_FALSE(c.comms_logger.enabled);
 }
 
@@ -1185,6 +1245,119 @@ TEST(ConfigAio, IntraOpParallelismIsThreadCountAndGdsIsRefused) {
 
 // NOTE [config keys]: every key of the tables is documented in docs/config.md, in backticks, by
 // its path or the tail of it its section's table uses.
+// dscpp check makes the engine's decisions on a config, with the text initialize() and dscpp
+// train give, for a model on --device.
+TEST(ConfigCheck, DscppCheckRefusesWhatTrainingWould) {
+  testing::TempDir dir;
+  auto check = [&](const std::string& config, const std::string& flags = "") {
+    const std::string path = dir.path() + "/ds_config.json";
+    std::ofstream(path) << config;
+    return testing::run_command(std::string(DSCPP_CLI_PATH) + " check --no_collectives --config " +
+                                path + flags);
+  };
+  testing::RunResult r = check(
+      R"({"train_batch_size": 2, "activation_checkpointing": {"partition_activations": true}})");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find(": activation_checkpointing.partition_activations is not implemented: "
+                          "checkpointed activations are not partitioned across model-parallel "
+                          "ranks. HINT: remove it from the config"),
+            std::string::npos)
+      << r.output;
+  // A warning of the engine's depends on where the model is.
+  const std::string pinned = R"({"train_batch_size": 2, "zero_optimization": {"stage": 1,
+      "offload_optimizer": {"device": "cpu", "pin_memory": true}}})";
+  r = check(pinned);
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("warning: zero_optimization.offload_optimizer.pin_memory: pinned"),
+            std::string::npos)
+      << r.output;
+  r = check(pinned, " --device cuda");
+  EXPECT_EQ(r.output.find("warning: zero_optimization.offload_optimizer.pin_memory"),
+            std::string::npos)
+      << r.output;
+  // The batch against the world size, worded once.
+  r = check(R"({"train_batch_size": 3, "train_micro_batch_size_per_gpu": 1})", " --num_procs 2");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("world size 2 from the hosts and --num_procs that dscpp check was given"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("world size 2 from world size"), std::string::npos) << r.output;
+}
+
+// docs/config.md's key list is the parser's own (scripts/config_keys.sh writes it).
+TEST(ConfigDocs, KeyListIsTheParsers) {
+  std::ifstream f(std::string(DSCPP_SOURCE_DIR) + "/docs/config.md");
+  ASSERT_TRUE(f.good());
+  const std::string doc((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::string begin = "<!-- key list: generated by scripts/config_keys.sh -->\n";
+  const auto from = doc.find(begin), to = doc.find("<!-- end of key list -->");
+  ASSERT_TRUE(from != std::string::npos && to != std::string::npos);
+  EXPECT_TRUE(doc.substr(from + begin.size(), to - from - begin.size()) ==
+              config::config_key_reference())
+      << "docs/config.md's key list is stale: run scripts/config_keys.sh";
+}
+
+// NOTE [key verdicts]: every key DeepSpeed 0.19.8 reads (tests/config/data, from its source) is
+// known; given at DeepSpeed's default it is accepted without a word, unless it sits inside a
+// section dscpp judges as a whole (giving it turns that section on); DeepSpeed's removed
+// features are refused as DeepSpeed refuses them (elasticity excepted: dscpp honours it).
+TEST(ConfigAudit, EveryKeyOfDeepSpeed0198IsKnown) {
+  std::ifstream f(std::string(DSCPP_SOURCE_DIR) + "/tests/config/data/deepspeed_0.19.8_keys.tsv");
+  ASSERT_TRUE(f.good());
+  const std::string reference = config::config_key_reference();
+  int rows = 0, accepted = 0, refused = 0;
+  for (std::string line; std::getline(f, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const auto t1 = line.find('\t'), t2 = line.find('\t', t1 + 1);
+    const std::string path = line.substr(0, t1), value = line.substr(t1 + 1, t2 - t1 - 1),
+                      ds = line.substr(t2 + 1);
+    ++rows;
+    // The section dscpp judges as a whole that holds it, if any.
+    std::string whole;
+    for (const auto& v : config::key_verdicts())
+      if (path.rfind(std::string(v.path) + ".", 0) == 0) whole = std::string(v.path);
+    const std::string listed = whole.empty() ? path : whole;
+    EXPECT_TRUE(reference.find("| `" + listed + "` |") != std::string::npos ||
+                reference.find("| `" + listed + ".") != std::string::npos)  // a section's keys
+        << path << " not listed";
+    if (value == "-" && ds == "accept") continue;  // no default a config can spell
+    json cfg = json::object();
+    json* at = &cfg;
+    for (size_t b = 0, e; b != std::string::npos; b = e == std::string::npos ? e : e + 1) {
+      e = path.find('.', b);
+      at = &(*at)[path.substr(b, e == std::string::npos ? e : e - b)];
+    }
+    *at = value == "-" ? json::object() : json::parse(value);
+    std::string error;
+    Config c;
+    try {
+      c = Config::from_json(cfg);
+    } catch (const ConfigError& e) {
+      error = e.what();
+    }
+    EXPECT_EQ(error.find("unknown key"), std::string::npos) << path << ": " << error;
+    if (ds == "refuse" && path != "elasticity") {
+      EXPECT_NE(error.find("DeepSpeed 0.19.8 removed this feature"), std::string::npos)
+          << path << ": " << error;
+      ++refused;
+    } else if (whole.empty()) {
+      EXPECT_EQ(error, "") << path << " at DeepSpeed's default " << value;
+      // Silent, but for what is noted about the value itself (a deprecated spelling, null read
+      // as absent, the stage 3 keys at stage 0, elasticity's removal from DeepSpeed).
+      for (const std::string& w : c.warnings)
+        EXPECT_TRUE(w.find("deprecated") != std::string::npos ||
+                    w.find("is null: read as absent") != std::string::npos ||
+                    w.find("stage 3 settings have no effect") != std::string::npos ||
+                    w.find("elasticity") != std::string::npos)
+            << path << ": " << w;
+      accepted += error.empty();
+    }
+  }
+  EXPECT_GT(rows, 300);
+  EXPECT_EQ(refused, 13);
+  EXPECT_GT(accepted, 150);  // the rest sit inside sections judged as a whole
+}
+
 TEST(ConfigDocs, EveryTableKeyIsInConfigMd) {
   std::ifstream f(std::string(DSCPP_SOURCE_DIR) + "/docs/config.md");
   ASSERT_TRUE(f.good());

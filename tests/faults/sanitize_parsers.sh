@@ -20,8 +20,8 @@ mkdir -p "$OUT/obj"
 OUT=$(cd "$OUT" && pwd)
 
 # The parsers and what they call: a new dependency of these files shows up as a link error here.
-SOURCES=(src/config/config.cpp src/config/json_reader.cpp src/config/keys.cpp src/config/batch.cpp
-  src/config/elasticity.cpp src/checkpoint/manifest.cpp src/io/safetensors_header.cpp src/util/strings.cpp src/util/log.cpp)
+SOURCES=(src/config/config.cpp src/config/json_reader.cpp src/config/keys.cpp
+  src/config/key_verdicts.cpp src/config/batch.cpp src/config/elasticity.cpp src/checkpoint/manifest.cpp src/io/safetensors_header.cpp src/util/strings.cpp src/util/log.cpp)
 FLAGS=(-std=c++20 -O1 -g -fno-omit-frame-pointer -I"$ROOT/include" -I"$ROOT/src"
   -fsanitize=address,undefined -fno-sanitize-recover=all)
 
