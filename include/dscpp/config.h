@@ -528,8 +528,9 @@ struct Config {
   // Filled by resolve_batch(); zeros before.
   BatchSizes batch;
 
-  // Clip gradients to this global L2 norm; 0 (default) disables. >= 0.
-  double gradient_clipping = 0.0;
+  // Clip gradients to this global L2 norm; 0 disables. Default 1.0, as in DeepSpeed 0.19.8
+  // (before it, 0). >= 0.
+  double gradient_clipping = 1.0;
   // The engine's step line every this many optimizer steps. Unset (default, as in DeepSpeed
   // 0.19.8): none. > 0.
   std::optional<int64_t> steps_per_print;

@@ -508,7 +508,7 @@ TEST(ConfigAuto, KeyWithDefaultTakesTheDefaultAndSaysSo) {
     "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto",
                           "stage3_prefetch_bucket_size": "auto", "overlap_comm": "auto"}
   })");
-  EXPECT_DOUBLE_EQ(c.gradient_clipping, 0.0);
+  EXPECT_DOUBLE_EQ(c.gradient_clipping, 1.0);
   EXPECT_FALSE(c.fp16.enabled);
   EXPECT_EQ(c.fp16.loss_scale_window, 1000);
   EXPECT_DOUBLE_EQ(c.optimizer.adam.lr, 1e-3);
@@ -736,7 +736,7 @@ TEST(ConfigDefaults, EmptyConfigHasDeepSpeedDefaults) {
   EXPECT_FALSE(c.train_batch_size || c.train_micro_batch_size_per_gpu ||
                c.gradient_accumulation_steps);
   EXPECT_FALSE(c.steps_per_print);  // DeepSpeed 0.19.8: None, no step line
-  EXPECT_DOUBLE_EQ(c.gradient_clipping, 0.0);
+  EXPECT_DOUBLE_EQ(c.gradient_clipping, 1.0);  // DeepSpeed 0.19.8 (its PR 8068)
   EXPECT_FALSE(c.wall_clock_breakdown);
   EXPECT_FALSE(c.prescale_gradients);
   EXPECT_DOUBLE_EQ(c.gradient_predivide_factor, 1.0);
