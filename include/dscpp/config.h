@@ -363,28 +363,7 @@ struct AioConfig {
   bool overlap_events = true;
 };
 
-// activation_checkpointing (deepspeed/runtime/activation_checkpointing/config.py).
-struct ActivationCheckpointingConfig {
-  // Partition checkpointed activations across model-parallel ranks. Default false.
-  bool partition_activations = false;
-  // Move checkpointed activations to CPU memory. Default false.
-  bool cpu_checkpointing = false;
-  // Copy checkpoints into one contiguous buffer. Default false.
-  bool contiguous_memory_optimization = false;
-  // Number of checkpoints (with contiguous_memory_optimization). Default unset. > 0 when set.
-  std::optional<int64_t> number_checkpoints;
-  // Synchronize at each checkpoint boundary. Default false.
-  bool synchronize_checkpoint_boundary = false;
-  // Time the checkpoint functions. Default false.
-  bool profile = false;
-};
-
 // checkpoint (deepspeed/runtime/constants.py).
-struct CheckpointParallelWriteConfig {
-  // Pipeline-stage-parallel writing. Default false.
-  bool pipeline_stage = false;
-};
-
 // checkpoint.writer (DeepSpeed's deepspeed/runtime/model_checkpointing): how a save's files are
 // written. Absent: save_checkpoint() writes them before it returns. decoupled: it copies what
 // the next step would change and returns; a thread writes the files while training goes on and
@@ -408,11 +387,6 @@ struct CheckpointConfig {
   // What to do when ranks save under different tags: "Ignore", "Warn" (default) or "Fail";
   // matched case-insensitively, stored in this spelling.
   std::string tag_validation = "Warn";
-  // Load a universal (world-size independent) checkpoint. Default false.
-  bool load_universal = false;
-  // Every node writes its checkpoint to local storage. Default false.
-  bool use_node_local_storage = false;
-  CheckpointParallelWriteConfig parallel_write;
   CheckpointWriterConfig writer;
 };
 
@@ -488,20 +462,6 @@ struct MonitorConfig {
   std::string job_name = "DeepSpeedJobName";
 };
 
-// wandb (deepspeed/monitor/config.py).
-struct WandbConfig {
-  bool enabled = false;               // default false
-  std::optional<std::string> group;   // default unset
-  std::optional<std::string> team;    // default unset
-  std::string project = "deepspeed";  // default "deepspeed"
-};
-
-// comet (deepspeed/monitor/config.py): refused when enabled (it needs Comet's service); its other
-// keys are checked for spelling only.
-struct CometConfig {
-  bool enabled = false;  // default false
-};
-
 // The batch triangle after resolve_batch() (NOTE [batch triangle] in src/config/batch.cpp).
 struct BatchSizes {
   // Samples per optimizer step over all data-parallel ranks.
@@ -562,15 +522,12 @@ struct Config {
   Bf16Config bf16;
   ZeroConfig zero_optimization;
   AioConfig aio;
-  ActivationCheckpointingConfig activation_checkpointing;
   CheckpointConfig checkpoint;
   ElasticityConfig elasticity;
   CommsLoggerConfig comms_logger;
   FlopsProfilerConfig flops_profiler;
   MonitorConfig csv_monitor;
   MonitorConfig tensorboard;
-  WandbConfig wandb;
-  CometConfig comet;
 
   // Where the config came from: the file path, or "<json text>" / "<json object>".
   std::string source;

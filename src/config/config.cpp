@@ -637,19 +637,6 @@ void parse_aio(JsonReader& root, AioConfig* a) {
   r.finish();
 }
 
-const Keys<ActivationCheckpointingConfig>& activation_checkpointing_keys() {
-  using A = ActivationCheckpointingConfig;
-  static const Keys<A> k =
-      Keys<A>()
-          .key("partition_activations", &A::partition_activations)
-          .key("cpu_checkpointing", &A::cpu_checkpointing)
-          .key("contiguous_memory_optimization", &A::contiguous_memory_optimization)
-          .key("number_checkpoints", &A::number_checkpoints, config::when_set(above<int64_t>(0)))
-          .key("synchronize_checkpoint_boundary", &A::synchronize_checkpoint_boundary)
-          .key("profile", &A::profile);
-  return k;
-}
-
 void parse_checkpoint(JsonReader& root, CheckpointConfig* c) {
   JsonReader r = root.child("checkpoint");
   std::string mode = c->tag_validation;
@@ -663,13 +650,6 @@ void parse_checkpoint(JsonReader& root, CheckpointConfig* c) {
   }
   if (!matched)
     r.fail("tag_validation", "must be one of Ignore, Warn, Fail (any case), got \"" + mode + "\"");
-  r.get("load_universal", &c->load_universal);
-  r.get("use_node_local_storage", &c->use_node_local_storage);
-  {
-    JsonReader w = r.child("parallel_write");
-    w.get("pipeline_stage", &c->parallel_write.pipeline_stage);
-    w.finish();
-  }
   {
     CheckpointWriterConfig& cw = c->writer;
     cw.given = r.has("writer");
@@ -806,25 +786,6 @@ void parse_elasticity(JsonReader& root, ElasticityConfig* e) {
   r.finish();
 }
 
-void parse_comet(JsonReader& root, CometConfig* c) {
-  JsonReader r = root.child("comet");
-  r.get("enabled", &c->enabled);
-  for (const char* key : {"samples_log_interval", "project", "workspace", "api_key",
-                          "experiment_name", "experiment_key", "online", "mode"})
-    r.raw(key);
-  r.finish();
-}
-
-const Keys<WandbConfig>& wandb_keys() {
-  using W = WandbConfig;
-  static const Keys<W> k = Keys<W>()
-                               .key("enabled", &W::enabled)
-                               .key("group", &W::group, {}, enabled<W>)
-                               .key("team", &W::team, {}, enabled<W>)
-                               .key("project", &W::project, {}, enabled<W>);
-  return k;
-}
-
 // The top level's plain keys (the batch triple and communication_data_type are code).
 const Keys<Config>& root_keys() {
   static const Keys<Config> k =
@@ -869,8 +830,6 @@ void parse_root(const json& j, Config* c, std::vector<std::string>* read = nullp
   parse_bf16(r, &c->bf16);
   parse_zero(r, &c->zero_optimization);
   parse_aio(r, &c->aio);
-  read_section(r, "activation_checkpointing", activation_checkpointing_keys(),
-               &c->activation_checkpointing);
   parse_checkpoint(r, &c->checkpoint);
   if (r.has("elasticity"))
     notes.note(
@@ -881,8 +840,6 @@ void parse_root(const json& j, Config* c, std::vector<std::string>* read = nullp
   parse_flops_profiler(r, &c->flops_profiler);
   read_section(r, "csv_monitor", monitor_keys(), &c->csv_monitor);
   read_section(r, "tensorboard", monitor_keys(), &c->tensorboard);
-  read_section(r, "wandb", wandb_keys(), &c->wandb);
-  parse_comet(r, &c->comet);
   r.read_not_honoured();
   r.finish();
 
@@ -1170,13 +1127,11 @@ std::vector<std::string> table_key_paths() {
   add("zero_optimization.offload_optimizer.", offload_optimizer_keys().names());
   add("zero_optimization.offload_param.", offload_param_keys().names());
   add("aio.", aio_keys().names());
-  add("activation_checkpointing.", activation_checkpointing_keys().names());
   add("elasticity.", elasticity_keys().names());
   add("comms_logger.", comms_logger_keys().names());
   add("flops_profiler.", flops_profiler_keys().names());
   add("csv_monitor.", monitor_keys().names());
   add("tensorboard.", monitor_keys().names());
-  add("wandb.", wandb_keys().names());
   return out;
 }
 
@@ -1199,12 +1154,7 @@ std::string Config::describe() const {
   if (zero_optimization.offload_optimizer.device == "nvme" ||
       zero_optimization.offload_param.device == "nvme")
     aio_keys().describe(d, "aio.", aio);
-  activation_checkpointing_keys().describe(d, "activation_checkpointing.",
-                                           activation_checkpointing);
   d.str("checkpoint.tag_validation", checkpoint.tag_validation);
-  d.line("checkpoint.load_universal", checkpoint.load_universal);
-  d.line("checkpoint.use_node_local_storage", checkpoint.use_node_local_storage);
-  d.line("checkpoint.parallel_write.pipeline_stage", checkpoint.parallel_write.pipeline_stage);
   if (checkpoint.writer.given) {
     const CheckpointWriterConfig& w = checkpoint.writer;
     d.str("checkpoint.writer.type", w.type);
@@ -1220,8 +1170,6 @@ std::string Config::describe() const {
   flops_profiler_keys().describe(d, "flops_profiler.", flops_profiler);
   monitor_keys().describe(d, "csv_monitor.", csv_monitor);
   monitor_keys().describe(d, "tensorboard.", tensorboard);
-  wandb_keys().describe(d, "wandb.", wandb);
-  d.line("comet.enabled", comet.enabled);
   if (!warnings.empty()) {
     d.raw("warnings and notes:");
     for (const std::string& w : warnings) d.raw("  - " + w);

@@ -468,12 +468,12 @@ JsonReader JsonReader::child(std::string_view key, bool null_is_absent) {
   return over(*v);
 }
 
-bool JsonReader::is_inert(const nlohmann::json& v, const nlohmann::json& inert) const {
+bool JsonReader::is_inert(const nlohmann::json& v, const nlohmann::json& inert, bool lax) const {
   if (is_auto(v)) return true;  // the default (pydantic drops "auto")
   if (inert.is_array()) {
     for (const nlohmann::json& want : inert) {
       if (v == want) return true;
-      if (want.is_boolean() && lax_) {
+      if (want.is_boolean() && lax) {
         if (auto b = coerced_bool(v); b && *b == want.get<bool>()) return true;
       }
     }
@@ -486,7 +486,7 @@ bool JsonReader::is_inert(const nlohmann::json& v, const nlohmann::json& inert) 
     auto got = v.find(it.key());
     if (got == v.end()) continue;
     const bool nested = it->is_object() && !it->empty();
-    if (!is_inert(*got, nested ? *it : nlohmann::json::array({*it}))) return false;
+    if (!is_inert(*got, nested ? *it : nlohmann::json::array({*it}), lax)) return false;
   }
   return true;
 }
@@ -510,7 +510,10 @@ void JsonReader::not_honoured(std::string_view key) {
                .first;
     inert = it->second;
   }
-  if (is_inert(*v, inert)) return;
+  bool lax = lax_;  // a whole section DeepSpeed validates with pydantic is lax inside
+  for (std::string_view s : kLaxSections)
+    if (path_.empty() && key == s) lax = true;
+  if (is_inert(*v, inert, lax)) return;
   const std::string value = describe_json(*v);
   switch (verdict->cls) {
     case KeyClass::refused:

@@ -136,8 +136,9 @@ class JsonReader {
   // The verdict's line for `key` (key_verdicts.h): nothing when absent or inert, else a
   // ConfigError or a warning by its class.
   void not_honoured(std::string_view key);
-  // Whether `v` is one of the verdict's inert values (or meets its section condition).
-  bool is_inert(const nlohmann::json& v, const nlohmann::json& inert) const;
+  // Whether `v` is one of the verdict's inert values (or meets its section condition); `lax`:
+  // with the boolean spellings of NOTE [lax values].
+  bool is_inert(const nlohmann::json& v, const nlohmann::json& inert, bool lax) const;
   // Marks `key` known (and read, NOTE [key verdicts]) without looking it up.
   void mark_known(std::string_view key);
   // Marks `key` known; returns its value or nullptr when absent.

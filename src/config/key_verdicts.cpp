@@ -235,6 +235,50 @@ const std::vector<KeyVerdict> kKeyVerdicts = {
      "the share of cores SuperOffload's CPU Adam uses; dscpp's CPU optimizer uses libtorch's "
      "intra-op threads (OMP_NUM_THREADS)",
      ""},
+    // ----- activation_checkpointing: DeepSpeed's deepspeed.checkpointing module, which a model
+    // calls itself; dscpp's checkpointed activations are zero::checkpoint's (a unit recomputed
+    // in backward), kept whole where the model runs
+    {"activation_checkpointing.partition_activations", R, "[false]",
+     "it partitions checkpointed activations across the model-parallel ranks; dscpp has no "
+     "model parallelism and does not split them",
+     "remove it or set false"},
+    {"activation_checkpointing.cpu_checkpointing", R, "[false]",
+     "it moves checkpointed activations to CPU memory; dscpp keeps them where the model runs",
+     "remove it or set false"},
+    {"activation_checkpointing.contiguous_memory_optimization", R, "[false]",
+     "it copies checkpointed activations into one preallocated buffer; dscpp does not",
+     "remove it or set false"},
+    {"activation_checkpointing.number_checkpoints", R, "[null]",
+     "it sizes contiguous_memory_optimization's buffer", "remove it"},
+    {"activation_checkpointing.synchronize_checkpoint_boundary", N, "[false]",
+     "it synchronizes the device at each checkpoint boundary (a debugging aid); dscpp does not",
+     ""},
+    {"activation_checkpointing.profile", O, "[false]",
+     "it times the checkpointed functions; dscpp does not time them (wall_clock_breakdown "
+     "times the step's phases)",
+     ""},
+    // ----- checkpoint (tag_validation and writer are honoured)
+    {"checkpoint.load_universal", R, "[false]",
+     "it loads DeepSpeed's universal checkpoints (ds_to_universal), which dscpp cannot read; "
+     "dscpp's own checkpoints load at any world size and ZeRO stage without it",
+     "remove it"},
+    {"checkpoint.use_node_local_storage", R, "[false]",
+     "every rank writes its file into the one checkpoint folder, which must be visible to all "
+     "ranks",
+     "remove it and save to a shared file system"},
+    {"checkpoint.parallel_write.pipeline_stage", R, "[false]",
+     "dscpp has no pipeline parallelism (every rank already writes its own slice in parallel)",
+     "remove it"},
+    // ----- monitors that log through a Python client and a service
+    {"wandb", R, "{\"enabled\": false}",
+     "Weights & Biases logs through its Python client and service, which a C++ program does "
+     "not have",
+     "enable tensorboard or csv_monitor (same tags as DeepSpeed's), and upload the event files "
+     "with `wandb sync DIR`, which reads TensorBoard logs"},
+    {"comet", R, "{\"enabled\": false}",
+     "Comet logs through its Python client and service, which a C++ program does not have",
+     "enable tensorboard or csv_monitor (same tags as DeepSpeed's) and import those files into "
+     "Comet"},
     // ----- the other sections
     {"flops_profiler.recompute_fwd_factor", O, "[0.0]",
      "it adds recomputed forwards to the profiler's count; dscpp's profiler counts what runs", ""},
