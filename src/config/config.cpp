@@ -830,6 +830,17 @@ void parse_root(const json& j, Config* c, std::vector<std::string>* read = nullp
   parse_bf16(r, &c->bf16);
   parse_zero(r, &c->zero_optimization);
   parse_aio(r, &c->aio);
+  // With offload to nvme the swap files are read and written with direct I/O, in pieces of
+  // aio.block_size (io::kDirectAlignment, 4096, is what the file workers check when they start):
+  // refused here, so that dscpp check says it before a job starts.
+  const ZeroConfig& z = c->zero_optimization;
+  if (((z.stage > 0 && z.offload_optimizer.device == "nvme") ||
+       (z.stage == 3 && z.offload_param.device == "nvme")) &&
+      c->aio.block_size % 4096 != 0)
+    DSCPP_FAIL(ConfigError, "aio.block_size ", c->aio.block_size,
+               " must be a multiple of 4096 bytes with offload to nvme: the swap files are read "
+               "and written with direct I/O. HINT: remove it (1048576, DeepSpeed's default) or "
+               "use another multiple of 4096");
   parse_checkpoint(r, &c->checkpoint);
   if (r.has("elasticity"))
     notes.note(

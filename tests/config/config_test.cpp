@@ -678,6 +678,20 @@ TEST(ConfigVerdicts, EachClassActsAsItSays) {
 }
 
 // log_level: initialize() sets it, as DeepSpeed's engine sets its logger's.
+// Direct I/O's alignment is a config error before the job, not an I/O error at the first swap.
+TEST(ConfigAio, BlockSizeIsAMultipleOf4096WithOffloadToNvme) {
+  const std::string nvme =
+      R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme",
+      "nvme_path": "/tmp"}})";
+  EXPECT_EQ(parse_error("{" + nvme + R"(, "aio": {"block_size": 1000000}})"),
+            "aio.block_size 1000000 must be a multiple of 4096 bytes with offload to nvme: the "
+            "swap files are read and written with direct I/O. HINT: remove it (1048576, "
+            "DeepSpeed's default) or use another multiple of 4096");
+  EXPECT_EQ(Config::parse("{" + nvme + R"(, "aio": {"block_size": 65536}})").aio.block_size, 65536);
+  // Without nvme offload nothing reads aio.
+  EXPECT_EQ(Config::parse(R"({"aio": {"block_size": 1000000}})").aio.block_size, 1000000);
+}
+
 TEST(ConfigRoot, LogLevelIsReadInAnyCase) {
   EXPECT_EQ(*Config::parse(R"({"log_level": "WARNING"})").log_level, "warning");
   EXPECT_EQ(*Config::parse(R"({"log_level": "critical"})").log_level, "critical");
