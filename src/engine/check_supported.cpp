@@ -4,6 +4,7 @@
 
 #include "dscpp/error.h"
 #include "monitor/monitor.h"
+#include "precision/loss_scaler.h"
 
 namespace dscpp::engine {
 
@@ -37,6 +38,10 @@ std::vector<std::string> check_supported(const Config& c, const SupportContext& 
               stage, ". HINT: use stage 0, or Adam/AdamW");
 
   // ----- precision and communication
+  // The loss scaler's own checks of the fp16 section (min_loss_scale above the initial scale,
+  // ...), with the text set-up gives.
+  if (c.fp16.enabled)
+    precision::LossScaler scaler(precision::LossScalerOptions::from_config(c.fp16));
   DSCPP_CHECK(!(c.fp16.enabled && c.fp16.auto_cast), ConfigError,
               "fp16.auto_cast is not implemented: dscpp does not cast the model's inputs. HINT: "
               "set fp16.auto_cast to false and pass inputs in fp16 (or integer token ids)");

@@ -54,6 +54,8 @@ TEST(CheckSupported, SettingsThatWouldChangeTrainingOrMemoryAreRefusedByName) {
            {R"(, "zero_optimization": {"stage": 1}, "optimizer": {"type": "Lamb", "params": {}})",
             "Lamb"},
            {R"(, "fp16": {"enabled": true, "auto_cast": true})", "fp16.auto_cast"},
+           {R"(, "fp16": {"enabled": true, "initial_scale_power": 2, "min_loss_scale": 8})",
+            "(2^fp16.initial_scale_power) is below fp16.min_loss_scale=8"},
            {R"(, "communication_data_type": "fp16")", "communication_data_type \"fp16\""},
            {R"(, "activation_checkpointing": {"partition_activations": true})",
             "activation_checkpointing.partition_activations"},
