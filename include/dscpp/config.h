@@ -531,8 +531,8 @@ struct Config {
 
   // Where the config came from: the file path, or "<json text>" / "<json object>".
   std::string source;
-  // Collected warnings (unimplemented DeepSpeed keys, deprecated spellings, settings that have
-  // no effect) and notes ("auto" resolutions); each was also logged (warning / info level).
+  // Collected warnings (DeepSpeed keys dscpp does not act on, deprecated spellings, settings that
+  // have no effect) and notes ("auto" resolutions); each was also logged (warning / info level).
   std::vector<std::string> warnings;
   // JSON path -> how dscpp chose a value the JSON did not give verbatim: "auto -> default",
   // "derived: ...", "default for stage 3". describe() prints these next to the values.

@@ -6,7 +6,6 @@
 #include <charconv>
 #include <cmath>
 #include <limits>
-#include <mutex>
 
 #include "config/key_verdicts.h"
 #include "dscpp/error.h"
@@ -88,10 +87,18 @@ constexpr std::string_view kLaxSections[] = {"zero_optimization",
 constexpr std::string_view kNoBoolAsNumber[] = {"fp16.loss_scale", "fp16.loss_scale_window",
                                                 "fp16.min_loss_scale"};
 
-std::string trimmed(const std::string& s) {
-  const auto first = s.find_first_not_of(" \t\n\r");
-  if (first == std::string::npos) return "";
-  return s.substr(first, s.find_last_not_of(" \t\n\r") - first + 1);
+// Whether a reader at `parent` (a path) opening `key` opens one of kLaxSections.
+bool lax_section(const std::string& parent, std::string_view key) {
+  if (!parent.empty()) return false;
+  for (std::string_view s : kLaxSections)
+    if (key == s) return true;
+  return false;
+}
+
+bool refuses_bool_as_number(const std::string& path) {
+  for (std::string_view k : kNoBoolAsNumber)
+    if (path == k) return true;
+  return false;
 }
 
 // The table's spelling of a path: bf16 for DeepSpeed's old section name bfloat16.
@@ -114,10 +121,6 @@ std::string quote_hint(const nlohmann::json& v) {
     return ". HINT: write " + s + " without quotes";
   return "";
 }
-
-}  // namespace
-
-namespace {
 
 // What pydantic's lax mode reads as a boolean besides true and false.
 std::optional<bool> coerced_bool(const nlohmann::json& v) {
@@ -145,14 +148,13 @@ std::optional<int64_t> JsonReader::lax_int(std::string_view key, const nlohmann:
   if (!lax_) return std::nullopt;
   std::optional<int64_t> x;
   if (v.is_boolean()) {
-    for (std::string_view k : kNoBoolAsNumber)
-      if (path(key) == k) return std::nullopt;
+    if (refuses_bool_as_number(path(key))) return std::nullopt;
     x = v.get<bool>() ? 1 : 0;
   }
   if (v.is_string()) {
     // Python's int() of the text: a sign, digits with single underscores between them; pydantic
     // also takes a fraction of zeros ("2.0").
-    std::string t = trimmed(v.get<std::string>());
+    std::string t = trim(v.get<std::string>());
     if (const auto dot = t.find('.'); dot != std::string::npos) {
       if (t.find_first_not_of('0', dot + 1) != std::string::npos) return std::nullopt;
       t.resize(dot);
@@ -185,12 +187,11 @@ std::optional<double> JsonReader::lax_double(std::string_view key, const nlohman
   if (!lax_) return std::nullopt;
   std::optional<double> x;
   if (v.is_boolean()) {
-    for (std::string_view k : kNoBoolAsNumber)
-      if (path(key) == k) return std::nullopt;
+    if (refuses_bool_as_number(path(key))) return std::nullopt;
     x = v.get<bool>() ? 1.0 : 0.0;
   }
   if (v.is_string()) {
-    const std::string t = trimmed(v.get<std::string>());
+    const std::string t = trim(v.get<std::string>());
     char* end = nullptr;
     const double d = std::strtod(t.c_str(), &end);
     if (t.empty() || end != t.c_str() + t.size() || !std::isfinite(d)) return std::nullopt;
@@ -447,9 +448,7 @@ void JsonReader::require(std::string_view key, int64_t* out, std::string_view wh
 
 JsonReader JsonReader::child(std::string_view key, bool null_is_absent) {
   const nlohmann::json* v = lookup(key);
-  bool lax = lax_;
-  for (std::string_view s : kLaxSections)
-    if (path_.empty() && key == s) lax = true;
+  const bool lax = lax_ || lax_section(path_, key);
   auto over = [&](const nlohmann::json& object) {
     JsonReader r(object, path(key), notes_);
     r.lax_ = lax;
@@ -497,23 +496,10 @@ void JsonReader::not_honoured(std::string_view key) {
   const KeyVerdict* verdict = find_key_verdict(verdict_path(p));
   DSCPP_CHECK(verdict != nullptr, Error, "internal: no verdict for the config key ", p);
   if (!v) return;
-  static std::mutex mu;
-  static std::map<std::string, nlohmann::json> parsed;  // each verdict's inert JSON, read once
-  nlohmann::json inert;
-  {
-    std::lock_guard<std::mutex> g(mu);
-    auto it = parsed.find(p);
-    if (it == parsed.end())
-      it = parsed
-               .emplace(p, verdict->inert.empty() ? nlohmann::json()
-                                                  : nlohmann::json::parse(verdict->inert))
-               .first;
-    inert = it->second;
-  }
-  bool lax = lax_;  // a whole section DeepSpeed validates with pydantic is lax inside
-  for (std::string_view s : kLaxSections)
-    if (path_.empty() && key == s) lax = true;
-  if (is_inert(*v, inert, lax)) return;
+  const nlohmann::json inert =
+      verdict->inert.empty() ? nlohmann::json() : nlohmann::json::parse(verdict->inert);
+  // A whole section DeepSpeed validates with pydantic is lax inside.
+  if (is_inert(*v, inert, lax_ || lax_section(path_, key))) return;
   const std::string value = describe_json(*v);
   switch (verdict->cls) {
     case KeyClass::refused:

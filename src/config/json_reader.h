@@ -2,7 +2,7 @@
 // ParseNotes where a parse leaves its warnings and the origin of values it did not read verbatim.
 //
 // NOTE [strict config reading]: every key a section parser asks about (get, require, child,
-// unimplemented, deprecated, raw) is recorded as known; finish() reports every key of the object
+// not_honoured, deprecated, raw) is recorded as known; finish() reports every key of the object
 // nobody asked about as a ConfigError naming its path and the nearest known key. So the set of
 // known keys IS the set of reads; there is no second list to keep in sync. Other rules, in one
 // place:

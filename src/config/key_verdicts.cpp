@@ -15,6 +15,20 @@ constexpr auto U = KeyClass::unused;
 // dscpp, with DeepSpeed's reason.
 constexpr std::string_view kRemoved = "DeepSpeed 0.19.8 removed this feature and refuses the key";
 
+// The why of a key and its alias (DeepSpeed reads either spelling).
+constexpr std::string_view kPersistenceCap =
+    "it caps the elements stage 3 keeps whole on every rank; dscpp keeps every parameter below "
+    "stage3_param_persistence_threshold whole, without a cap";
+constexpr std::string_view kModuleGranularity =
+    "it fetches small modules as one (fewer Python hooks); dscpp's units are declared "
+    "(zero_units, leaf_module)";
+constexpr std::string_view kFetchByAllReduce =
+    "it gathers parameters with an all-reduce instead of an all-gather; the parameters are the "
+    "same";
+constexpr std::string_view kSequentialGather =
+    "it all-gathers a unit's parameters one by one instead of in one bucket; dscpp gathers a "
+    "unit's shards with one all-gather, and the parameters are the same";
+
 const std::vector<KeyVerdict> kKeyVerdicts = {
     // ----- the top level
     {"managed_gradient_accumulation", R, "[true]",
@@ -150,14 +164,8 @@ const std::vector<KeyVerdict> kKeyVerdicts = {
      "false skips the gradient norm where nothing clips (DeepSpeed: stages 1-2, "
      "gradient_clipping 0); dscpp computes it anyway for its step line",
      ""},
-    {"zero_optimization.stage3_allgather_sequential", N, "[false]",
-     "it all-gathers a unit's parameters one by one instead of in one bucket; dscpp gathers a "
-     "unit's shards with one all-gather, and the parameters are the same",
-     ""},
-    {"zero_optimization.allgather_sequential", N, "[false]",
-     "it all-gathers a unit's parameters one by one instead of in one bucket; dscpp gathers a "
-     "unit's shards with one all-gather, and the parameters are the same",
-     ""},
+    {"zero_optimization.stage3_allgather_sequential", N, "[false]", kSequentialGather, ""},
+    {"zero_optimization.allgather_sequential", N, "[false]", kSequentialGather, ""},
     {"zero_optimization.parameter_alignment", N, "[false]",
      "it pads stage 1-2's flat buffers so every parameter starts 16-byte aligned; dscpp's "
      "buffers are laid out by its own rule (NOTE [flat partition] in src/zero/stage1_2.cpp)",
@@ -196,29 +204,14 @@ const std::vector<KeyVerdict> kKeyVerdicts = {
      "Module::apply is not wrapped (zero::GatheredParameters gathers explicitly)",
      ""},
     {"zero_optimization.stage3_model_persistence_threshold", R, "[9223372036854775807]",
-     "it caps the elements stage 3 keeps whole on every rank; dscpp keeps every parameter below "
-     "stage3_param_persistence_threshold whole, without a cap",
+     kPersistenceCap, "remove it"},
+    {"zero_optimization.model_persistence_threshold", R, "[9223372036854775807]", kPersistenceCap,
      "remove it"},
-    {"zero_optimization.model_persistence_threshold", R, "[9223372036854775807]",
-     "it caps the elements stage 3 keeps whole on every rank; dscpp keeps every parameter below "
-     "stage3_param_persistence_threshold whole, without a cap",
-     "remove it"},
-    {"zero_optimization.stage3_module_granularity_threshold", N, "[0]",
-     "it fetches small modules as one (fewer Python hooks); dscpp's units are declared "
-     "(zero_units, leaf_module)",
+    {"zero_optimization.stage3_module_granularity_threshold", N, "[0]", kModuleGranularity, ""},
+    {"zero_optimization.module_granularity_threshold", N, "[0]", kModuleGranularity, ""},
+    {"zero_optimization.stage3_use_all_reduce_for_fetch_params", N, "[false]", kFetchByAllReduce,
      ""},
-    {"zero_optimization.module_granularity_threshold", N, "[0]",
-     "it fetches small modules as one (fewer Python hooks); dscpp's units are declared "
-     "(zero_units, leaf_module)",
-     ""},
-    {"zero_optimization.stage3_use_all_reduce_for_fetch_params", N, "[false]",
-     "it gathers parameters with an all-reduce instead of an all-gather; the parameters are the "
-     "same",
-     ""},
-    {"zero_optimization.use_all_reduce_for_fetch_params", N, "[false]",
-     "it gathers parameters with an all-reduce instead of an all-gather; the parameters are the "
-     "same",
-     ""},
+    {"zero_optimization.use_all_reduce_for_fetch_params", N, "[false]", kFetchByAllReduce, ""},
     {"zero_optimization.log_trace_cache_warnings", O, "[false]",
      "it logs when stage 3's trace of module order is invalidated; dscpp's schedule is declared, "
      "not traced",

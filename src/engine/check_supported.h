@@ -1,9 +1,11 @@
-// check_supported: every decision about what this dscpp does not do, in one list, run before the
-// engine builds anything. A setting dscpp would not honour and that would change what is trained
-// or how much memory it takes (a stage, offload, activation checkpointing, a checkpoint format)
-// is a ConfigError that names the key and says what to do; one that only observes (a monitor, a
-// profiler) is a warning logged once at start-up, so nothing is ever accepted in silence.
-// docs/config.md lists the decisions.
+// check_supported: the engine's decisions about what this dscpp does not do that span several keys
+// or depend on the model (a stage with an optimizer, offload combinations, a client optimizer,
+// the checkpoint writer, the fp16 loss scaler), in one list, run before the engine builds
+// anything and by dscpp check. A single key's value dscpp does not act on is the parser's verdict
+// (NOTE [key verdicts] in src/config/key_verdicts.h). A setting that would change what is
+// trained or how much memory it takes is a ConfigError that names the key and says what to do;
+// one that only observes is a warning logged once at start-up, so nothing is ever accepted in
+// silence. docs/config.md lists the decisions.
 #pragma once
 
 #include <string>
