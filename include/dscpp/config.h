@@ -105,8 +105,38 @@ struct LionParams {
   double weight_decay = 0.0;
 };
 
+// params of "Muon" (DeepSpeed 0.17.6+'s MuonWithAuxAdam): momentum orthogonalised by
+// Newton-Schulz for the weight matrices, Adam for every other parameter (which parameter goes
+// where: docs/optim.md). Keys and defaults are DeepSpeed's; each half also has its own LR
+// schedule, as DeepSpeed schedules each param group from its own lr.
+struct MuonParams {
+  // The learning rate both halves share unless muon_lr / adam_lr is set. Unset: the Muon half
+  // 0.02, the Adam half 3e-4 (MuonWithAuxAdam's defaults). >= 0.
+  std::optional<double> lr;
+  // The Muon half's learning rate, overriding lr. >= 0.
+  std::optional<double> muon_lr;
+  // The Adam half's learning rate, overriding lr. >= 0.
+  std::optional<double> adam_lr;
+  // The Muon half's momentum (nesterov). Default 0.95. In [0, 1).
+  double momentum = 0.95;
+  // Decoupled weight decay of both halves. Default 0. >= 0.
+  double weight_decay = 0.0;
+  // The Adam half's betas. Default [0.9, 0.95]. Each in [0, 1).
+  std::array<double, 2> betas = {0.9, 0.95};
+  // The Adam half's eps. Default 1e-10. >= 0.
+  double eps = 1e-10;
+  // The Newton-Schulz iteration: "gram" (default; iterates on the smaller Gram matrix of a
+  // rectangular one) or "standard".
+  std::string ns_method = "gram";
+  // The Adam half's weight decay decoupled (AdamW, default) or added to the gradient (L2).
+  bool adam_w_mode = true;
+
+  double muon_lr_or_default() const { return muon_lr ? *muon_lr : lr ? *lr : 0.02; }
+  double adam_lr_or_default() const { return adam_lr ? *adam_lr : lr ? *lr : 3e-4; }
+};
+
 struct OptimizerConfig {
-  // Canonical name: "Adam", "AdamW", "SGD", "Adagrad", "Lamb" or "Lion"; matched
+  // Canonical name: "Adam", "AdamW", "SGD", "Adagrad", "Lamb", "Lion" or "Muon"; matched
   // case-insensitively in the JSON. Empty: no "optimizer" section (the program brings one).
   // Required when the section is present; "auto" is an error (it has no default).
   std::string type;
@@ -115,6 +145,7 @@ struct OptimizerConfig {
   AdagradParams adagrad;
   LambParams lamb;
   LionParams lion;
+  MuonParams muon;
 };
 
 // ---------------------------------------------------------------------------------------------

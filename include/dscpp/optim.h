@@ -1,4 +1,4 @@
-// The fused optimizers: Adam/AdamW, SGD, Adagrad, Lamb and Lion as one kernel each over ONE flat
+// The fused optimizers: Adam/AdamW, SGD, Adagrad, Lamb, Lion and Muon, each over ONE flat
 // contiguous fp32 parameter buffer and its matching flat gradient buffer (the engine keeps every
 // parameter as a view into such a buffer; ZeRO runs the same kernel on a rank's shard of it).
 // On CPU fp32 tensors a step is one multithreaded pass over memory, vectorised with AVX2+FMA or
@@ -12,6 +12,7 @@
 #include <c10/core/TensorOptions.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -52,12 +53,15 @@ struct StepContext {
   // into it rounded to bf16 (to nearest even, as at::Tensor::to), in the update's own pass on
   // the CPU, so the caller needs no cast pass of its own. grads may then be bf16 too.
   at::Tensor bf16_params;
+  // Muon: the learning rate of its Adam half this step (its own LR schedule, as DeepSpeed
+  // schedules each param group from its own lr). Unset: lr * adam_lr() / lr().
+  std::optional<double> adam_lr;
 };
 
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  // "Adam", "AdamW", "SGD", "Adagrad", "Lamb" or "Lion".
+  // "Adam", "AdamW", "SGD", "Adagrad", "Lamb", "Lion" or "Muon".
   virtual const char* name() const = 0;
 
   // One update. params and grads [numel()] (or a piece, see StepContext::offset): contiguous,
@@ -68,10 +72,27 @@ class Optimizer {
   // ctx are wrong (nothing is modified then).
   virtual void step(at::Tensor& params, const at::Tensor& grads, const StepContext& ctx) = 0;
 
-  // The state tensors by name ("exp_avg", "exp_avg_sq", "momentum_buffer", "sum"), each
-  // [numel()] and contiguous, in a fixed order. They alias the live state: read them to save a
-  // checkpoint, copy_() into them to restore one. SGD without momentum has none.
+  // The state tensors held for every element, by name ("exp_avg", "exp_avg_sq",
+  // "momentum_buffer", "sum"), each [numel()] and contiguous, in a fixed order. They alias the
+  // live state: copy_() into them to restore one. SGD without momentum has none. Muon holds its
+  // exp_avg_sq for part of the buffer only: it is in state_names() but not here.
   virtual std::vector<std::pair<std::string, at::Tensor>> state() = 0;
+
+  // Every state's name, in the order a checkpoint records them (state()'s, and Muon's
+  // exp_avg_sq last).
+  virtual std::vector<std::string> state_names();
+  // Elements [offset, offset + n) of state `i` (of state_names()) as a [n] fp32 tensor: a view
+  // of the live state where it is held for every element, else a new tensor (zero where the
+  // state holds nothing). What a checkpoint saves.
+  virtual at::Tensor state_values(size_t i, int64_t offset, int64_t n);
+  // Sets those elements from `values` [n] (a checkpoint's load); elements the state does not
+  // hold must be zero in `values` (Error otherwise: the saved state is not this optimizer's).
+  virtual void load_state_values(size_t i, int64_t offset, const at::Tensor& values);
+  // Whether state_values(i, ...) is a view of the live state (a background checkpoint then copies
+  // it before the next step changes it) rather than a copy.
+  virtual bool state_values_are_views(size_t /*i*/) const { return true; }
+  // Bytes the state holds.
+  virtual int64_t state_bytes();
 
   // Whether step() takes a piece of the buffer (StepContext::offset); false for Lamb, whose
   // trust ratios need whole parameters.
@@ -202,10 +223,88 @@ class Lion : public Optimizer {
   at::Tensor exp_avg_;  // [numel]
 };
 
+// How Newton-Schulz orthogonalises (MuonParams::ns_method).
+enum class NsMethod { gram, standard };
+NsMethod parse_ns_method(const std::string& name);  // "gram" or "standard"
+
+// DeepSpeed's Muon direction for one matrix `m` [rows, cols]: five steps of the quintic
+// Newton-Schulz iteration (3.4445, -4.7750, 2.0315) on m scaled to Frobenius norm <= 1 (taken
+// wide, transposed back), times sqrt(rows / cols) when rows > cols. NsMethod::gram iterates on
+// the Gram matrix X X^T of the wide matrix instead, restarting at step 2, as DeepSpeed 0.19's
+// default does (the same result within rounding, fewer flops when cols >> rows). Computed in
+// fp32 on the CPU; on CUDA in DeepSpeed's dtypes (gram fp16, standard bf16). Returns fp32.
+at::Tensor muon_orthogonalize(const at::Tensor& m, NsMethod method);
+
+// Muon (DeepSpeed 0.17.6+'s MuonWithAuxAdam) over a flat buffer. The elements in
+// `matrix_ranges` (the weight matrices, or the pieces of them this rank updates) take Muon's
+// update; every other element Adam's (DeepSpeed's FusedAdam: bias correction, MuonParams' betas,
+// eps, weight_decay and adam_w_mode). Muon's update needs each whole matrix, which under ZeRO no
+// rank holds alone, so a step is three calls (the engine's zero::MuonMatrices makes the first
+// two, gathering each matrix on the rank that orthogonalises it):
+//   fold_momentum  each matrix piece's gradient into its momentum, m <- b*m + (1-b)*g, giving
+//                  the iteration's input u = (1-b)*g + b*m (Nesterov, as DeepSpeed)
+//   set_update     each piece's orthogonalised update U (muon_orthogonalize of the whole u)
+//   step           p <- p*(1 - lr*wd) - lr*U on matrix elements, Adam on the rest; any piece
+// State: exp_avg [numel] (Muon's momentum on matrix elements, Adam's first moment elsewhere) and
+// exp_avg_sq, Adam's second moment, held for the Adam elements only (4 bytes per matrix element
+// fewer than Adam: state() has exp_avg alone; a checkpoint reads exp_avg_sq through
+// state_values(), zero on matrix elements, so it reshards as any optimizer's state). No betas():
+// DeepSpeed's OneCycle does not cycle momentum for Muon.
+class Muon : public Optimizer {
+ public:
+  // matrix_ranges: [offset, length) of the matrix elements of the buffer, disjoint.
+  Muon(const MuonParams& params, int64_t numel, at::TensorOptions options,
+       std::vector<std::pair<int64_t, int64_t>> matrix_ranges);
+  const char* name() const override { return "Muon"; }
+  void step(at::Tensor& params, const at::Tensor& grads, const StepContext& ctx) override;
+  std::vector<std::pair<std::string, at::Tensor>> state() override {
+    return {{"exp_avg", exp_avg_}};
+  }
+  std::vector<std::string> state_names() override { return {"exp_avg", "exp_avg_sq"}; }
+  at::Tensor state_values(size_t i, int64_t offset, int64_t n) override;
+  void load_state_values(size_t i, int64_t offset, const at::Tensor& values) override;
+  bool state_values_are_views(size_t i) const override { return i == 0; }
+  int64_t state_bytes() override;
+  // The Muon half's learning rate (what the LR schedule starts from); adam_lr() the Adam half's.
+  double lr() const override { return params_.muon_lr_or_default(); }
+  double adam_lr() const { return params_.adam_lr_or_default(); }
+  NsMethod ns_method() const { return ns_method_; }
+
+  // Elements [offset, offset + grads.numel()) lie inside one matrix range: folds grads / grad_scale
+  // into the momentum and returns u (fp32, a new tensor).
+  at::Tensor fold_momentum(int64_t offset, const at::Tensor& grads, double grad_scale);
+  // The update U of elements [offset, offset + update.numel()) (inside one matrix range), for
+  // the next step(); every matrix element needs one before step() reaches it.
+  void set_update(int64_t offset, const at::Tensor& update);
+  // The matrix ranges, sorted.
+  const std::vector<std::pair<int64_t, int64_t>>& matrix_ranges() const { return ranges_; }
+
+ private:
+  // Index of the range holding [offset, offset + n), or throws.
+  size_t range_of(int64_t offset, int64_t n, const char* what) const;
+  // Matrix elements before buffer position `pos`.
+  int64_t matrix_before(int64_t pos) const;
+  // fn(lo, hi, matrix) for the consecutive runs of [begin, end): matrix elements or not.
+  void for_each_run(int64_t begin, int64_t end,
+                    const std::function<void(int64_t, int64_t, bool)>& fn) const;
+
+  MuonParams params_;
+  NsMethod ns_method_;
+  Adam adam_;  // the Adam half: built for no elements, stepped with this optimizer's state
+  std::vector<std::pair<int64_t, int64_t>> ranges_;  // sorted, disjoint
+  std::vector<int64_t> compact_;                     // start of range i in updates_
+  at::Tensor exp_avg_;                               // [numel]
+  at::Tensor exp_avg_sq_;  // [numel - matrix_numel_]: the Adam elements, in buffer order
+  int64_t matrix_numel_ = 0;
+  at::Tensor updates_;   // [matrix_numel_] fp32: this step's U, held from set_update to step
+  int64_t applied_ = 0;  // matrix elements step() has updated with updates_
+};
+
 // The optimizer of the DeepSpeed config's "optimizer" section (cfg.type, already normalised to
 // its canonical spelling by Config). numel: length of the flat buffer this rank updates (its
-// ZeRO shard, or everything); options: device and dtype of the state (fp32); segments: see
-// Lamb (the others ignore it). Throws ConfigError when cfg.type is empty or unknown.
+// ZeRO shard, or everything); options: device and dtype of the state (fp32); segments: Lamb's
+// parameter segments, Muon's matrix ranges (the others ignore it). Throws ConfigError when cfg.type
+// is empty or unknown.
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, int64_t numel,
                                           at::TensorOptions options,
                                           std::vector<std::pair<int64_t, int64_t>> segments = {});

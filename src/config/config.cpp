@@ -26,6 +26,7 @@ namespace dscpp {
 
 using config::above;
 using config::at_least;
+using config::beta;
 using config::betas;
 using config::Describer;
 using config::even_above_zero;
@@ -57,11 +58,11 @@ void read_section(JsonReader& root, std::string_view name, const Keys<S>& keys, 
 
 // ----- optimizer ------------------------------------------------------------------------------
 
-const std::vector<std::string> kOptimizerTypes = {"Adam",    "AdamW", "SGD",
-                                                  "Adagrad", "Lamb",  "Lion"};
+const std::vector<std::string> kOptimizerTypes = {"Adam", "AdamW", "SGD", "Adagrad",
+                                                  "Lamb", "Lion",  "Muon"};
 // DeepSpeed optimizers dscpp does not implement (deepspeed/runtime/config.py).
 const std::vector<std::string> kDeepSpeedOnlyOptimizers = {
-    "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "MuAdam", "MuAdamW", "MuSGD", "Muon"};
+    "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "MuAdam", "MuAdamW", "MuSGD"};
 
 const Keys<AdamParams>& adam_keys() {
   using A = AdamParams;
@@ -153,6 +154,25 @@ const Keys<LionParams>& lion_keys() {
   return k;
 }
 
+const Keys<MuonParams>& muon_keys() {
+  using M = MuonParams;
+  static const Keys<M> k =
+      Keys<M>()
+          .key("lr", &M::lr, when_set(at_least(0.0)))
+          .unset_means("Muon half 0.02, Adam half 3e-4")
+          .key("muon_lr", &M::muon_lr, when_set(at_least(0.0)))
+          .unset_means("lr")
+          .key("adam_lr", &M::adam_lr, when_set(at_least(0.0)))
+          .unset_means("lr")
+          .key("momentum", &M::momentum, beta())
+          .key("weight_decay", &M::weight_decay, at_least(0.0))
+          .key("betas", &M::betas, betas())
+          .key("eps", &M::eps, at_least(0.0))
+          .key("ns_method", &M::ns_method, config::one_of({"gram", "standard"}))
+          .key("adam_w_mode", &M::adam_w_mode);
+  return k;
+}
+
 void parse_optimizer(JsonReader& root, OptimizerConfig* o) {
   if (!root.has("optimizer")) {
     root.raw("optimizer");
@@ -185,6 +205,9 @@ void parse_optimizer(JsonReader& root, OptimizerConfig* o) {
     adagrad_keys().read(p, o->adagrad);
   } else if (o->type == "Lamb") {
     parse_lamb(p, &o->lamb);
+  } else if (o->type == "Muon") {
+    muon_keys().read(p, o->muon);
+    p.read_not_honoured();
   } else {
     lion_keys().read(p, o->lion);
   }
@@ -998,6 +1021,8 @@ void describe_optimizer(Describer& d, const OptimizerConfig& o) {
     adagrad_keys().describe(d, p, o.adagrad);
   } else if (o.type == "Lamb") {
     lamb_keys().describe(d, p, o.lamb);
+  } else if (o.type == "Muon") {
+    muon_keys().describe(d, p, o.muon);
   } else {
     lion_keys().describe(d, p, o.lion);
   }
@@ -1127,7 +1152,7 @@ std::vector<std::string> table_key_paths() {
   };
   add("", root_keys().names());
   for (const auto& names : {adam_keys().names(), sgd_keys().names(), adagrad_keys().names(),
-                            lamb_keys().names(), lion_keys().names()})
+                            lamb_keys().names(), lion_keys().names(), muon_keys().names()})
     add("optimizer.params.", names);
   for (const auto& names :
        {warmup_lr_keys().names(), warmup_decay_lr_keys().names(), warmup_cosine_lr_keys().names(),

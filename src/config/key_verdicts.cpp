@@ -146,6 +146,10 @@ const std::vector<KeyVerdict> kKeyVerdicts = {
      ""},
     {"optimizer.legacy_fusion", N, "[false]",
      "it picks DeepSpeed's legacy fused Adam kernel for fp16 without ZeRO; dscpp has one Adam", ""},
+    {"optimizer.params.per_head_muon", R, "[false]",
+     "Muon: orthogonalise each attention head's rows of a projection separately (the heads "
+     "found from a Hugging Face model's config); dscpp orthogonalises whole matrices",
+     "remove it or set false"},
     // ----- fp16 and bf16
     {"fp16.fp16_master_weights_and_grads", R, "[false]",
      "fp16 master weights and gradients (DeepSpeed: ZeRO 1-3 with its CPU Adam) change the "
@@ -172,8 +176,9 @@ const std::vector<KeyVerdict> kKeyVerdicts = {
      ""},
     {"zero_optimization.enable_sanity_checks", N, "[false]",
      "it turns on stage 3's internal debug assertions; dscpp's are always on", ""},
-    {"zero_optimization.save_muon_momentum_buffer_in_memory", N, "[false]",
-     "it keeps the Muon optimizer's momentum in memory under NVMe offload; dscpp has no Muon yet",
+    {"zero_optimization.save_muon_momentum_buffer_in_memory", N, "[false, true]",
+     "it keeps the Muon optimizer's momentum in memory under NVMe offload; dscpp's Muon always "
+     "keeps it in memory (Muon with offload_optimizer is refused)",
      ""},
     {"zero_optimization.use_multi_rank_bucket_allreduce", N, "[true]",
      "it merges ranks' reduce buckets into one all-reduce (stages 1-2); dscpp's reduce is its "

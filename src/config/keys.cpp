@@ -62,6 +62,12 @@ Rule<double> fraction() {
   }};
 }
 
+Rule<double> beta() {
+  return {[](const JsonReader& r, std::string_view key, const double& v) {
+    if (!(v >= 0.0 && v < 1.0)) r.fail(key, "must be in [0, 1), got " + format_double(v));
+  }};
+}
+
 Rule<std::array<double, 2>> betas() {
   return {[](const JsonReader& r, std::string_view key, const std::array<double, 2>& b) {
     for (double x : b) {

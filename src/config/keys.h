@@ -88,6 +88,7 @@ Rule<T> above(T min);
 template <typename T>
 Rule<T> at_least(T min);
 Rule<double> fraction();                                     // in [0, 1]
+Rule<double> beta();                                         // in [0, 1)
 Rule<std::array<double, 2>> betas();                         // each in [0, 1)
 Rule<int64_t> even_above_zero();                             // > 0 and a multiple of 2
 Rule<std::string> one_of(std::vector<std::string> allowed);  // exactly one of them

@@ -36,6 +36,16 @@ std::vector<std::string> check_supported(const Config& c, const SupportContext& 
               "the Lamb optimizer needs per-parameter norms across shards and is not "
               "supported with ZeRO stage ",
               stage, ". HINT: use stage 0, or Adam/AdamW");
+  // Muon keeps its momentum in memory and writes each matrix's update there before the part is
+  // stepped (NOTE [Muon across ranks]): a store that swaps the state in piece by piece, or
+  // parameters on disk, would need both passes through the file.
+  DSCPP_CHECK(
+      !(c.optimizer.type == "Muon" && stage > 0 &&
+        (z.offload_optimizer.device != "none" || (stage == 3 && z.offload_param.device != "none"))),
+      ConfigError,
+      "the Muon optimizer with offload (zero_optimization.offload_optimizer or "
+      "offload_param) is not implemented yet: Muon's momentum and updates stay in memory. "
+      "HINT: remove the offload, or use AdamW");
 
   // ----- precision and communication
   // The loss scaler's own checks of the fp16 section (min_loss_scale above the initial scale,

@@ -150,7 +150,7 @@ std::vector<safetensors::StreamedTensor> EngineImpl::checkpoint_tensors(
     out.push_back({std::move(name), std::move(c), 0, nullptr});
   };
   const std::vector<zero::Part> parts = strategy_->parts();
-  const auto states = optimizer_->state();
+  const std::vector<std::string> states = optimizer_->state_names();
   const int rank = comm_->rank();
   for (const zero::CheckpointGroup& g : strategy_->checkpoint_groups()) {
     // This rank's slice [rank * S, (rank + 1) * S) of the group, from what the part holds
@@ -180,12 +180,13 @@ std::vector<safetensors::StreamedTensor> EngineImpl::checkpoint_tensors(
       held(checkpoint::slice_tensor_name(g.name, kValues),
            slice(store_->values(parts, g.part_offset, g.length)));
     }
-    for (const auto& [name, state] : states) {
+    for (size_t i = 0; i < states.size(); ++i) {
+      const std::string& name = states[i];
       if (store_->on_disk(name)) {
         swapped(name);
       } else {
         held(checkpoint::slice_tensor_name(g.name, name),
-             slice(state.narrow(0, g.part_offset, g.length)));
+             slice(optimizer_->state_values(i, g.part_offset, g.length)));
       }
     }
   }
@@ -222,7 +223,7 @@ checkpoint::Manifest EngineImpl::describe_checkpoint(const std::string& tag,
     m.groups.push_back(std::move(cg));
   }
   m.states.push_back(kValues);
-  for (const auto& [name, state] : optimizer_->state()) m.states.push_back(name);
+  for (const std::string& name : optimizer_->state_names()) m.states.push_back(name);
   for (auto& [name, t] : replicated_tensors(*model_))
     m.replicated.push_back({name, t.sizes().vec()});
   m.counters = {{"global_steps", global_steps_},
@@ -531,7 +532,7 @@ void EngineImpl::check_checkpoint_fits(const LoadSource& src, const LoadOptions&
                 optimizer_->name(),
                 ". HINT: pass LoadOptions::load_optimizer_states = false to start the "
                 "optimizer's state afresh from the loaded weights");
-    for (const auto& [name, state] : optimizer_->state()) {
+    for (const std::string& name : optimizer_->state_names()) {
       DSCPP_CHECK(std::find(m.states.begin(), m.states.end(), name) != m.states.end(),
                   CheckpointError, "checkpoint '", folder, "' has no optimizer state '", name, "'");
     }
@@ -589,7 +590,7 @@ uint64_t EngineImpl::read_rank_state(const LoadSource& src, const LoadOptions& o
   const bool load_states = opts.load_optimizer_states && !module_only;
   const std::vector<zero::CheckpointGroup> groups = strategy_->checkpoint_groups();
   const auto replicated = replicated_tensors(*model_);
-  const auto states = optimizer_->state();
+  const std::vector<std::string> states = optimizer_->state_names();
   // Read what this rank now holds: for each parameter, the elements of it in this rank's
   // part, from whichever files the manifest says hold them (reads_for). Padding stays zero.
   uint64_t bytes_read = 0;
@@ -598,21 +599,34 @@ uint64_t EngineImpl::read_rank_state(const LoadSource& src, const LoadOptions& o
     checkpoint::RankFiles reader(dir, m, file_system_);
     const std::vector<zero::Part> parts = strategy_->parts();
     for (const zero::CheckpointGroup& g : groups) {
-      // Where each loaded tensor goes: a view of the group in memory, or (offload) the swap
-      // file, through a buffer of the slice read.
+      // Where each loaded tensor goes: a view of the group in memory, or, through a buffer of
+      // the slice read, the swap file (offload) or an optimizer state held for part of the
+      // elements (Muon's exp_avg_sq).
+      using Write = std::function<void(int64_t part_offset, const at::Tensor& values)>;
       struct Target {
         std::string name;
-        at::Tensor memory;  // [g.length]; undefined: on disk, written through the store
+        at::Tensor memory;  // [g.length]; undefined: written through `write`
+        Write write;
       };
       auto target = [&](const std::string& name, auto memory) {
-        return store_->on_disk(name) ? Target{name, at::Tensor()} : Target{name, memory()};
+        if (!store_->on_disk(name)) return Target{name, memory(), nullptr};
+        return Target{name, at::Tensor(), [this, name](int64_t off, const at::Tensor& v) {
+                        store_->write(name, off, v);
+                      }};
       };
       std::vector<Target> targets{
           target(kValues, [&] { return store_->values(parts, g.part_offset, g.length); })};
       if (load_states) {
-        for (const auto& [name, state] : states) {
-          targets.push_back(
-              target(name, [&, st = state] { return st.narrow(0, g.part_offset, g.length); }));
+        for (size_t s = 0; s < states.size(); ++s) {
+          if (store_->on_disk(states[s]) || optimizer_->state_values_are_views(s)) {
+            targets.push_back(target(
+                states[s], [&] { return optimizer_->state_values(s, g.part_offset, g.length); }));
+          } else {
+            targets.push_back(
+                {states[s], at::Tensor(), [this, s](int64_t off, const at::Tensor& v) {
+                   optimizer_->load_state_values(s, off, v);
+                 }});
+          }
         }
       }
       for (size_t i = 0; i < g.names.size(); ++i) {
@@ -630,7 +644,7 @@ uint64_t EngineImpl::read_rank_state(const LoadSource& src, const LoadOptions& o
             } else {
               at::Tensor buffer = at::empty({r.numel}, at::kFloat);
               reader[r.rank].read(name, r.position, buffer);
-              store_->write(t.name, g.part_offset + at_, buffer);
+              t.write(g.part_offset + at_, buffer);
             }
           }
         }
@@ -697,9 +711,11 @@ void EngineImpl::restore_counters(const checkpoint::Manifest& m, const LoadOptio
     micro_steps_ = micro % gradient_accumulation_steps() == 0
                        ? micro
                        : global_steps_ * gradient_accumulation_steps();
-    if (opts.load_lr_scheduler_states && !m.lr_scheduler.empty())
-      lr_schedule_->set_last_batch_iteration(
-          m.lr_scheduler.value("last_batch_iteration", int64_t{-1}));
+    if (opts.load_lr_scheduler_states && !m.lr_scheduler.empty()) {
+      const int64_t it = m.lr_scheduler.value("last_batch_iteration", int64_t{-1});
+      lr_schedule_->set_last_batch_iteration(it);
+      if (adam_lr_schedule_) adam_lr_schedule_->set_last_batch_iteration(it);
+    }
     if (scaler_ && !m.loss_scaler.empty()) {
       precision::LossScaler::State st;
       st.scale = m.loss_scaler.value("scale", 0.0);

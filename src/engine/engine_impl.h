@@ -30,6 +30,7 @@
 #include "precision/part_store.h"
 #include "profiling/flops_profiler.h"
 #include "profiling/op_times.h"
+#include "zero/muon_matrices.h"
 #include "zero/strategy.h"
 
 namespace dscpp::offload {
@@ -254,6 +255,10 @@ class EngineImpl {
   std::unique_ptr<zero::Strategy> strategy_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<LRSchedule> lr_schedule_;
+  // Muon: which rank orthogonalises each matrix (NOTE [Muon across ranks]), and its Adam half's
+  // LR schedule (DeepSpeed schedules each param group from its own lr); null otherwise.
+  std::unique_ptr<zero::MuonMatrices> muon_matrices_;
+  std::unique_ptr<LRSchedule> adam_lr_schedule_;
   std::shared_ptr<torch::optim::Optimizer> client_optimizer_;
   std::shared_ptr<torch::optim::LRScheduler> client_lr_scheduler_;
   zero::UnitPolicy zero_units_;

@@ -134,7 +134,11 @@ Estimate estimate(const EstimateInput& in, const Config& c, int stage,
   // precision) and each optimizer state. A fresh optimizer of one element shows how many.
   const std::unique_ptr<optim::Optimizer> probe =
       c.optimizer.type.empty() ? nullptr : optim::make_optimizer(c.optimizer, 1, at::kFloat);
-  const int64_t states = probe ? static_cast<int64_t>(probe->state().size()) : 0;
+  // Muon holds exp_avg_sq for its Adam elements only, but in the step each matrix element's
+  // Newton-Schulz input or update and a gathered copy (NOTE [Muon across ranks]): counted as
+  // its two states and one more.
+  const int64_t states = (probe ? static_cast<int64_t>(probe->state_names().size()) : 0) +
+                         (c.optimizer.type == "Muon" ? 1 : 0);
   e.params = (stage == 3 ? part : psi) * b;
   e.grads = (stage >= 2 ? part : psi) * b;
   const auto& op = c.zero_optimization.offload_param;

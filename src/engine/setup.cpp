@@ -710,9 +710,21 @@ void EngineImpl::build_optimizer() {
     // the store steps there (offload_optimizer cpu of a model on a device).
     at::TensorOptions state = strategy_->options().dtype(at::kFloat);
     if (store_->steps_on_host()) state = state.device(at::kCPU);
+    std::vector<std::pair<int64_t, int64_t>> segments = strategy_->optimizer_segments();
+    if (config_.optimizer.type == "Muon") {
+      muon_matrices_ = std::make_unique<zero::MuonMatrices>(strategy_->checkpoint_groups(),
+                                                            strategy_->replicated(), *comm_);
+      segments = muon_matrices_->local_ranges();
+      if (comm_->rank() == 0) {
+        DSCPP_LOG_INFO(
+            "Muon: {} weight matrices take Muon's update (the other parameters Adam's), each "
+            "orthogonalised on one rank ({} on rank 0)",
+            muon_matrices_->num_matrices(), muon_matrices_->num_owned());
+      }
+    }
     optimizer_ = optim::make_optimizer(
         config_.optimizer, store_->holds_optimizer_states() ? 0 : strategy_->part_numel(), state,
-        strategy_->optimizer_segments());
+        std::move(segments));
   }
   if (client_lr_scheduler_) {
     DSCPP_CHECK(config_.scheduler.type.empty(), ConfigError,
@@ -720,6 +732,8 @@ void EngineImpl::build_optimizer() {
                 ") and a client LR scheduler were given. HINT: remove one of them");
   } else if (optimizer_) {
     lr_schedule_ = make_lr_schedule(config_.scheduler, *optimizer_);
+    if (const auto* muon = dynamic_cast<const optim::Muon*>(optimizer_.get()))
+      adam_lr_schedule_ = make_lr_schedule(config_.scheduler, muon->adam_lr(), false);
   } else {
     DSCPP_CHECK(config_.scheduler.type.empty(), ConfigError,
                 "a scheduler section needs the config's optimizer; with a client optimizer pass "

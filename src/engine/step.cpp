@@ -404,6 +404,7 @@ void EngineImpl::apply_step() {
   const double used_scale = loss_scale();
   if (scaler_) scaler_->update(/*overflow=*/false);
   if (lr_schedule_) lr_schedule_->step();
+  if (adam_lr_schedule_) adam_lr_schedule_->step();
   if (client_lr_scheduler_) client_lr_scheduler_->step();
   t_optimizer_ += seconds_since(t_opt);
 
@@ -441,6 +442,11 @@ void EngineImpl::run_optimizer(const Reduced& red, double unscale, double coef, 
   ctx.lr = lr;
   ctx.step = global_steps_ + 1 - skipped_steps_;
   ctx.betas_override = lr_schedule_ ? lr_schedule_->get_betas() : std::nullopt;
+  if (adam_lr_schedule_) ctx.adam_lr = adam_lr_schedule_->get_lr();
+  // Muon: each matrix's momentum folded, gathered on its owner, orthogonalised and its update
+  // handed to the ranks that hold it (NOTE [Muon across ranks]), before the part is stepped.
+  if (muon_matrices_)
+    muon_matrices_->prepare_step(static_cast<optim::Muon&>(*optimizer_), red.parts, ctx.grad_scale);
   store_->step(*optimizer_, red.parts, std::move(ctx));
 }
 
@@ -529,10 +535,7 @@ MemoryStats EngineImpl::memory_stats() {
   m.params = strategy_->param_bytes();
   m.grads = strategy_->grad_bytes();
   m.master = store_->bytes();
-  if (optimizer_) {
-    for (auto& [name, t] : optimizer_->state())
-      m.optimizer_state += static_cast<int64_t>(t.nbytes());
-  }
+  if (optimizer_) m.optimizer_state = optimizer_->state_bytes();
   m.staging = strategy_->staging_bytes();
   m.gathered = strategy_->gathered_peak_bytes();
   m.offload_buffers = store_->buffer_bytes() + strategy_->param_swap_buffer_bytes() +

@@ -67,6 +67,26 @@ void Optimizer::check_step_args(const at::Tensor& params, const at::Tensor& grad
               ".step: grad_scale ", ctx.grad_scale, " must be finite and > 0");
 }
 
+std::vector<std::string> Optimizer::state_names() {
+  std::vector<std::string> out;
+  for (const auto& [name, t] : state()) out.push_back(name);
+  return out;
+}
+
+at::Tensor Optimizer::state_values(size_t i, int64_t offset, int64_t n) {
+  return state().at(i).second.narrow(0, offset, n);
+}
+
+void Optimizer::load_state_values(size_t i, int64_t offset, const at::Tensor& values) {
+  state().at(i).second.narrow(0, offset, values.numel()).copy_(values);
+}
+
+int64_t Optimizer::state_bytes() {
+  int64_t bytes = 0;
+  for (const auto& [name, t] : state()) bytes += static_cast<int64_t>(t.nbytes());
+  return bytes;
+}
+
 namespace detail {
 
 std::optional<KernelPath> fused_path(const at::Tensor& params, const at::Tensor& grads,
@@ -110,12 +130,15 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, int64_t nu
     return std::make_unique<Lamb>(cfg.lamb, numel, options, std::move(segments));
   }
   if (cfg.type == "Lion") return std::make_unique<Lion>(cfg.lion, numel, options);
+  if (cfg.type == "Muon") {
+    return std::make_unique<Muon>(cfg.muon, numel, options, std::move(segments));
+  }
   DSCPP_CHECK(!cfg.type.empty(), ConfigError,
               "optimizer: the config has no \"optimizer\" section. HINT: add one, e.g. "
               "{\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3}}, or bring your own optimizer");
   DSCPP_FAIL(ConfigError, "optimizer.type: '", cfg.type,
              "' is not an optimizer dscpp implements. HINT: use Adam, AdamW, SGD, Adagrad, "
-             "Lamb or Lion");
+             "Lamb, Lion or Muon");
 }
 
 }  // namespace dscpp::optim

@@ -11,6 +11,7 @@ target_sources(dscpp PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/adagrad.cpp
   ${CMAKE_CURRENT_LIST_DIR}/lamb.cpp
   ${CMAKE_CURRENT_LIST_DIR}/lion.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/muon.cpp
   ${CMAKE_CURRENT_LIST_DIR}/dispatch.cpp
   ${CMAKE_CURRENT_LIST_DIR}/kernels_scalar.cpp)
 set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/kernels_scalar.cpp

@@ -18,4 +18,5 @@ target_sources(dscpp PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/unit_call.cpp
   ${CMAKE_CURRENT_LIST_DIR}/released_reads.cpp
   ${CMAKE_CURRENT_LIST_DIR}/unit_policy.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/init.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/init.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/muon_matrices.cpp)

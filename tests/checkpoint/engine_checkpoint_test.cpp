@@ -112,16 +112,17 @@ TEST(EngineCheckpoint, ResumeIsBitExactAtEveryStageDtypeAndGas) {
   }
 }
 
-// Saved at one world size and stage, loaded at another with no conversion: the continued
-// trajectory matches the uninterrupted run. Also across transports: saved by 4 ranks on two
-// simulated hosts (the hierarchy, NOTE [hierarchical collectives]) and loaded on one host.
-TEST(EngineCheckpoint, LoadsAtAnotherWorldSizeAndStage) {
+// Saved at one world size and stage with optimizer `opt`, loaded at another with no conversion:
+// the continued trajectory matches the uninterrupted run. Also across transports: saved by 4
+// ranks on two simulated hosts (the hierarchy, NOTE [hierarchical collectives]) and loaded on
+// one host.
+void expect_loads_at_another_world_size_and_stage(const std::string& opt) {
   constexpr int K = 3, B = 12;
   struct Layout {
     int world, stage;
     int per_host = 0;  // > 0: simulated hosts of this many ranks
   };
-  auto cfg_for = [](Layout l) { return config_json(B, B / l.world, kOpt + stage_cfg(l.stage)); };
+  auto cfg_for = [&opt](Layout l) { return config_json(B, B / l.world, opt + stage_cfg(l.stage)); };
   for (Layout saved : {Layout{2, 2}, Layout{3, 3}, Layout{4, 3, 2}}) {
     std::vector<Record> straight(saved.world);
     on_ranks(
@@ -177,6 +178,21 @@ TEST(EngineCheckpoint, LoadsAtAnotherWorldSizeAndStage) {
       }
     }
   }
+}
+
+TEST(EngineCheckpoint, LoadsAtAnotherWorldSizeAndStage) {
+  expect_loads_at_another_world_size_and_stage(kOpt);
+}
+
+// Muon too: its momentum is partitioned like Adam's state, each matrix's owner follows the new
+// layout, and its Adam half's schedule resumes where it was (CkptNet's matrix v is cut between
+// ranks at 3 and 4 ranks).
+TEST(EngineCheckpoint, MuonLoadsAtAnotherWorldSizeAndStage) {
+  expect_loads_at_another_world_size_and_stage(
+      ", \"gradient_clipping\": 0.5, \"optimizer\": {\"type\": \"Muon\", \"params\": "
+      "{\"lr\": 0.01, \"adam_lr\": 0.004, \"weight_decay\": 0.1}}, \"scheduler\": "
+      "{\"type\": \"WarmupLR\", \"params\": {\"warmup_num_steps\": 6, \"warmup_type\": "
+      "\"linear\"}}");
 }
 
 // Saves a 2-rank stage-1 checkpoint after 2 steps into `dir`; returns rank 0's state then.

@@ -1022,13 +1022,13 @@ TEST(ConfigOptimizer, TypeMatchesIgnoringCase) {
 TEST(ConfigOptimizer, UnknownTypeListsTheSupportedOnes) {
   EXPECT_EQ(parse_error(R"({"optimizer": {"type": "Adamm"}})"),
             "optimizer.type: unknown optimizer type 'Adamm'; did you mean 'Adam'? dscpp supports "
-            "Adam, AdamW, SGD, Adagrad, Lamb, Lion (matched ignoring case)");
+            "Adam, AdamW, SGD, Adagrad, Lamb, Lion, Muon (matched ignoring case)");
   EXPECT_EQ(parse_error(R"({"optimizer": {"type": "RMSprop"}})"),
             "optimizer.type: unknown optimizer type 'RMSprop' dscpp supports Adam, AdamW, SGD, "
-            "Adagrad, Lamb, Lion (matched ignoring case)");
+            "Adagrad, Lamb, Lion, Muon (matched ignoring case)");
   EXPECT_EQ(parse_error(R"({"optimizer": {"type": "OneBitAdam"}})"),
             "optimizer.type: 'OneBitAdam' is a DeepSpeed optimizer that dscpp does not implement "
-            "yet. HINT: dscpp supports Adam, AdamW, SGD, Adagrad, Lamb, Lion");
+            "yet. HINT: dscpp supports Adam, AdamW, SGD, Adagrad, Lamb, Lion, Muon");
   EXPECT_EQ(parse_error(R"({"optimizer": {"params": {"lr": 0.1}}})"),
             "optimizer.type: is required: it names the optimizer, e.g. \"AdamW\"");
 }
@@ -1055,6 +1055,44 @@ TEST(ConfigOptimizer, EachTypeHasItsParams) {
   EXPECT_DOUBLE_EQ(c.optimizer.lion.lr, 1e-4);
   EXPECT_DOUBLE_EQ(c.optimizer.lion.betas[1], 0.99);
   EXPECT_DOUBLE_EQ(c.optimizer.lion.weight_decay, 0.0);
+}
+
+// Muon's keys and defaults are DeepSpeed 0.19.8's (engine._muon_param_groups, MuonWithAuxAdam):
+// lr shared by both halves unless muon_lr / adam_lr, and without any, 0.02 and 3e-4.
+TEST(ConfigOptimizer, MuonHasDeepSpeedsKeysAndDefaults) {
+  Config c = Config::parse(R"({"optimizer": {"type": "muon"}})");
+  EXPECT_EQ(c.optimizer.type, "Muon");
+  const MuonParams& d = c.optimizer.muon;
+  EXPECT_DOUBLE_EQ(d.muon_lr_or_default(), 0.02);
+  EXPECT_DOUBLE_EQ(d.adam_lr_or_default(), 3e-4);
+  EXPECT_DOUBLE_EQ(d.momentum, 0.95);
+  EXPECT_DOUBLE_EQ(d.weight_decay, 0.0);
+  EXPECT_DOUBLE_EQ(d.betas[0], 0.9);
+  EXPECT_DOUBLE_EQ(d.betas[1], 0.95);
+  EXPECT_DOUBLE_EQ(d.eps, 1e-10);
+  EXPECT_EQ(d.ns_method, "gram");
+  EXPECT_TRUE(d.adam_w_mode);
+  c = Config::parse(R"({"optimizer": {"type": "Muon", "params": {"lr": 0.01, "adam_lr": 0.001,
+      "momentum": 0.9, "ns_method": "standard", "per_head_muon": false}}})");
+  EXPECT_DOUBLE_EQ(c.optimizer.muon.muon_lr_or_default(), 0.01);
+  EXPECT_DOUBLE_EQ(c.optimizer.muon.adam_lr_or_default(), 0.001);
+  EXPECT_EQ(c.optimizer.muon.ns_method, "standard");
+  c = Config::parse(R"({"optimizer": {"type": "Muon", "params": {"lr": 0.01, "muon_lr": 0.05}}})");
+  EXPECT_DOUBLE_EQ(c.optimizer.muon.muon_lr_or_default(), 0.05);
+  EXPECT_DOUBLE_EQ(c.optimizer.muon.adam_lr_or_default(), 0.01);
+  EXPECT_NE(parse_error(R"({"optimizer": {"type": "Muon", "params": {"ns_method": "svd"}}})")
+                .find("optimizer.params.ns_method"),
+            std::string::npos);
+  EXPECT_NE(parse_error(R"({"optimizer": {"type": "Muon", "params": {"momentum": 1.0}}})")
+                .find("optimizer.params.momentum: must be in [0, 1), got 1"),
+            std::string::npos);
+  EXPECT_NE(parse_error(R"({"optimizer": {"type": "Muon", "params": {"per_head_muon": true}}})")
+                .find("optimizer.params.per_head_muon: boolean true is not accepted"),
+            std::string::npos);
+  // A key of another optimizer is unknown here, as in every params section.
+  EXPECT_NE(parse_error(R"({"optimizer": {"type": "Muon", "params": {"amsgrad": false}}})")
+                .find("unknown key 'amsgrad' at optimizer.params"),
+            std::string::npos);
 }
 
 TEST(ConfigScheduler, TypesAndParams) {

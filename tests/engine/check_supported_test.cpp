@@ -35,6 +35,13 @@ TEST(CheckSupported, TheDefaultsAndEveryImplementedSettingPass) {
       "activation_checkpointing": {"partition_activations": false},
       "checkpoint": {"tag_validation": "Warn"}, "tensorboard": {"enabled": false})")
                   .empty());
+  // Muon at every stage (offload is refused below), and with offload at stage 0, which ignores it.
+  for (const char* stage : {"0", "1", "2", "3"}) {
+    EXPECT_TRUE(
+        check(std::string(R"(, "optimizer": {"type": "Muon"}, "zero_optimization": {"stage": )") +
+              stage + "}")
+            .empty());
+  }
 }
 
 TEST(CheckSupported, SettingsThatWouldChangeTrainingOrMemoryAreRefusedByName) {
@@ -53,6 +60,12 @@ TEST(CheckSupported, SettingsThatWouldChangeTrainingOrMemoryAreRefusedByName) {
             "offload_optimizer.ratio 0.5"},
            {R"(, "zero_optimization": {"stage": 1}, "optimizer": {"type": "Lamb", "params": {}})",
             "Lamb"},
+           {R"(, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+               "optimizer": {"type": "Muon"})",
+            "the Muon optimizer with offload"},
+           {R"(, "bf16": {"enabled": true}, "zero_optimization": {"stage": 3, "offload_param":
+               {"device": "cpu"}}, "optimizer": {"type": "Muon"})",
+            "the Muon optimizer with offload"},
            {R"(, "fp16": {"enabled": true, "auto_cast": true})", "fp16.auto_cast"},
            {R"(, "fp16": {"enabled": true, "initial_scale_power": 2, "min_loss_scale": 8})",
             "(2^fp16.initial_scale_power) is below fp16.min_loss_scale=8"},

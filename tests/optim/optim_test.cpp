@@ -647,7 +647,7 @@ TEST(OptimDispatch, EnvironmentSelectsThePathAndRejectsWhatTheCpuLacks) {
 
 TEST(OptimFactory, MakesEveryConfiguredTypeAndRejectsNone) {
   OptimizerConfig cfg;
-  for (const char* type : {"Adam", "AdamW", "SGD", "Adagrad", "Lamb", "Lion"}) {
+  for (const char* type : {"Adam", "AdamW", "SGD", "Adagrad", "Lamb", "Lion", "Muon"}) {
     cfg.type = type;
     auto opt = make_optimizer(cfg, 10, at::kFloat);
     EXPECT_STREQ(opt->name(), type);
@@ -753,6 +753,156 @@ TEST(OptimPieces, PiecesGiveTheWholeBufferUpdate) {
   ctx.lr = 1e-2;
   ctx.offset = 0;
   EXPECT_THROW(lamb->step(p, make_grad(n, 1, 4).narrow(0, 0, 10), ctx), Error);
+}
+
+// sin(i * a + b) for i in [0, n): the inputs of the Muon references below, which DeepSpeed
+// 0.19.8's own code produced from the same formula (runtime/zero/muon/original_muon.py, in fp32).
+// Computed in fp32 as torch did there: Newton-Schulz magnifies a last-bit difference of the input
+// a hundredfold.
+at::Tensor sines(int64_t n, double a, double b) {
+  return (at::arange(n, at::kFloat) * a + b).sin();
+}
+
+void expect_values(const at::Tensor& got, const std::vector<double>& want, double tol,
+                   const std::string& what) {
+  ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size())) << what;
+  const at::Tensor ref = at::tensor(want, at::kDouble);
+  const double err = (got.reshape({-1}).to(at::kDouble) - ref).abs().max().item<double>();
+  EXPECT_LE(err, tol) << what << ": got " << got.reshape({-1});
+}
+
+// Newton-Schulz as DeepSpeed runs it (zeropower_via_newtonschulz5 and
+// zeropower_via_gram_newtonschulz, times sqrt(rows/cols) for a tall matrix), on a wide, a tall
+// and a square matrix.
+TEST(OptimMuon, OrthogonalisationIsDeepSpeeds) {
+  struct Ref {
+    int64_t rows, cols;
+    NsMethod method;
+    std::vector<double> want;
+  };
+  const std::vector<Ref> refs = {
+      {3,
+       5,
+       NsMethod::standard,
+       {-0.2209482, -0.02372551, 0.1767187, 0.3532451, 0.4819646, 0.7219577, 0.4715077, 0.1572463,
+        -0.1782972, -0.4897074, -0.1769678, -0.2361692, -0.2633961, -0.2549731, -0.2120379}},
+      {3,
+       5,
+       NsMethod::gram,
+       {-0.2209497, -0.02372667, 0.1767207, 0.3532433, 0.4819703, 0.721957, 0.4715069, 0.1572472,
+        -0.1782985, -0.4897045, -0.1769687, -0.2361694, -0.263393, -0.2549752, -0.2120321}},
+      {5,
+       3,
+       NsMethod::standard,
+       {-0.2288148, 0.1514255, 0.5111878, 0.3687112, 0.3529704, 0.2894594, 0.5567241, 0.1624685,
+        -0.2537593, 0.1263945, -0.2084799, -0.5151355, -0.4443132, -0.3478845, -0.2043568}},
+      {5,
+       3,
+       NsMethod::gram,
+       {-0.2288151, 0.1514256, 0.5111877, 0.3687087, 0.3529737, 0.2894576, 0.5567278, 0.1624615,
+        -0.2537546, 0.1263937, -0.2084781, -0.5151361, -0.4443078, -0.3478939, -0.2043524}},
+      {4,
+       4,
+       NsMethod::gram,
+       {-0.2605672, 0.01926968, 0.2964962, 0.5335851, 0.4894817, 0.3310661, 0.1278617, -0.09267586,
+        0.3493263, 0.04077232, -0.2733057, -0.5503962, -0.4261335, -0.3236831, -0.1774049,
+        -0.00714469}},
+  };
+  for (const Ref& r : refs) {
+    const at::Tensor m = sines(r.rows * r.cols, 0.37, 0.1).reshape({r.rows, r.cols});
+    const std::string what = std::to_string(r.rows) + "x" + std::to_string(r.cols) +
+                             (r.method == NsMethod::gram ? " gram" : " standard");
+    expect_values(muon_orthogonalize(m, r.method), r.want, 2e-5, what);
+    // The scale of the input does not matter (it is normalised first), nor its dtype.
+    expect_values(muon_orthogonalize(m.to(at::kDouble) * 1e3, r.method), r.want, 2e-5,
+                  what + " scaled");
+  }
+  EXPECT_THROW(muon_orthogonalize(at::ones({4}), NsMethod::gram), Error);
+  EXPECT_EQ(parse_ns_method("standard"), NsMethod::standard);
+  EXPECT_THROW(parse_ns_method("Gram"), ConfigError);
+}
+
+// Three steps of Muon over [W 5x3, V 2x4, b 5] against DeepSpeed 0.19.8's MuonWithAuxAdam with
+// its inline Adam (W and V in a Muon group with lr 0.02, momentum 0.9, weight_decay 0.1, gram; b
+// in an Adam group with lr 0.003, betas (0.8, 0.95), eps 1e-10, weight_decay 0.1), the gradient of
+// parameter i at step s being sin(k * (0.11 * (s + 1) + 0.07 * i) + 0.3 * s) * (0.5 + s). The
+// matrix range stepped whole, in pieces, and with the Adam half's lr given per step.
+TEST(OptimMuon, ThreeStepsAreMuonWithAuxAdams) {
+  MuonParams mp;
+  mp.muon_lr = 0.02;
+  mp.adam_lr = 0.003;
+  mp.momentum = 0.9;
+  mp.weight_decay = 0.1;
+  mp.betas = {0.8, 0.95};
+  const std::vector<std::pair<int64_t, int64_t>> ranges = {{0, 15}, {15, 8}};
+  const std::vector<std::vector<int64_t>> shapes = {{5, 3}, {2, 4}};
+  for (bool pieces : {false, true}) {
+    Muon muon(mp, 28, at::kFloat, ranges);
+    EXPECT_DOUBLE_EQ(muon.lr(), 0.02);
+    EXPECT_DOUBLE_EQ(muon.adam_lr(), 0.003);
+    EXPECT_FALSE(muon.betas().has_value());
+    at::Tensor params = at::cat({sines(15, 0.37, 0.1), sines(8, 0.23, 0.4), sines(5, 0.51, 0.2)});
+    for (int s = 0; s < 3; ++s) {
+      std::vector<at::Tensor> g;
+      for (int i = 0; i < 3; ++i) {
+        const int64_t n = i == 0 ? 15 : i == 1 ? 8 : 5;
+        g.push_back(sines(n, 0.11 * (s + 1) + 0.07 * i, 0.3 * s) * (0.5 + s));
+      }
+      // The loss scale divides the gradients out of fold_momentum and the Adam half alike.
+      const at::Tensor grads = at::cat(g) * 4.0;
+      for (size_t k = 0; k < ranges.size(); ++k) {
+        const auto [off, len] = ranges[k];
+        const at::Tensor u = muon.fold_momentum(off, grads.narrow(0, off, len), 4.0);
+        muon.set_update(off,
+                        muon_orthogonalize(u.view({shapes[k][0], shapes[k][1]}), NsMethod::gram));
+      }
+      StepContext ctx;
+      ctx.lr = 0.02;
+      ctx.step = s + 1;
+      ctx.grad_scale = 4.0;
+      if (s == 2) ctx.adam_lr = 0.003;  // what the engine passes; unset: the ratio of the lrs
+      if (!pieces) {
+        muon.step(params, grads, ctx);
+      } else {
+        for (auto [lo, hi] : {std::pair<int64_t, int64_t>{0, 7}, {7, 20}, {20, 28}}) {
+          at::Tensor p = params.narrow(0, lo, hi - lo);
+          ctx.offset = lo;
+          muon.step(p, grads.narrow(0, lo, hi - lo), ctx);
+        }
+      }
+    }
+    const std::string what = pieces ? "in pieces" : "whole";
+    expect_values(params.narrow(0, 0, 15),
+                  {0.11524735, 0.45561987, 0.69256735, 0.9255479, 0.98244655, 0.89293504,
+                   0.70730513, 0.42009699, 0.072610468, -0.31167042, -0.60843408, -0.84656882,
+                   -1.0092601, -0.95935529, -0.83190262},
+                  2e-6, "W " + what);
+    expect_values(params.narrow(0, 15, 8),
+                  {0.40559301, 0.58401382, 0.73234993, 0.84320116, 0.92674893, 0.96947241,
+                   0.96160781, 0.90267378},
+                  2e-6, "V " + what);
+    expect_values(params.narrow(0, 23, 5),
+                  {0.19367945, 0.64306062, 0.92990023, 0.97796237, 0.77496529}, 2e-6, "b " + what);
+  }
+  // A matrix element without an update this step is an error, not a zero update.
+  Muon muon(mp, 28, at::kFloat, ranges);
+  // The second moment is held for the 5 Adam elements only; a checkpoint reads it as [numel]
+  // with zeros on the matrices and writes it back the same way.
+  EXPECT_EQ(muon.state_bytes(), (28 + 5) * 4);
+  EXPECT_EQ(muon.state().size(), 1u);
+  EXPECT_EQ(muon.state_names(), (std::vector<std::string>{"exp_avg", "exp_avg_sq"}));
+  const at::Tensor saved = at::cat({at::zeros({23}), at::arange(1, 6, at::kFloat)});
+  muon.load_state_values(1, 20, saved.narrow(0, 20, 8));
+  EXPECT_TRUE(at::equal(muon.state_values(1, 0, 28), saved));
+  EXPECT_TRUE(at::equal(muon.state_values(1, 22, 3), saved.narrow(0, 22, 3)));
+  EXPECT_FALSE(muon.state_values_are_views(1));
+  EXPECT_THROW(muon.load_state_values(1, 0, at::ones({4})), Error);  // non-zero on a matrix
+  at::Tensor p = at::zeros({28});
+  StepContext ctx;
+  ctx.lr = 0.02;
+  EXPECT_THROW(muon.step(p, at::ones({28}), ctx), Error);
+  EXPECT_THROW(muon.fold_momentum(10, at::ones({8}), 1.0), Error);    // across two matrices
+  EXPECT_THROW(Muon(mp, 28, at::kFloat, {{0, 15}, {10, 8}}), Error);  // overlapping
 }
 
 // The ATen path on CUDA against the fused CPU kernel (skipped without a GPU).
