@@ -390,6 +390,7 @@ int check_main(int argc, char** argv) {
       // for a model on --device and no optimizer but the config's (dscpp train).
       engine::SupportContext support;
       support.model_on_device = device != "cpu";
+      support.device = device;
       const std::vector<std::string> engine_warnings = engine::check_supported(cfg, support);
       DSCPP_CHECK(world > 0, ConfigError,
                   "the world size is not known here (the hosts come from the launcher at run "

@@ -434,6 +434,7 @@ int train_main(int argc, char** argv) {
   {
     engine::SupportContext support;
     support.model_on_device = !device.is_cpu();
+    support.device = device.str();
     engine::check_supported(config, support);
   }
   // On the CPU "auto" means Gloo even on a host with CUDA.

@@ -2,6 +2,7 @@
 // reads a config.
 #include "engine/check_supported.h"
 
+#include "dscpp/device_link.h"
 #include "dscpp/error.h"
 #include "monitor/monitor.h"
 #include "precision/loss_scaler.h"
@@ -66,7 +67,30 @@ std::vector<std::string> check_supported(const Config& c, const SupportContext& 
                 dtype, "\"");
   }
 
+  // ZeRO++'s quantization (NOTE [block-wise quantization]) runs on the CPU only.
+  for (const auto& [key, on] :
+       {std::pair<const char*, bool>{"zero_quantized_weights", z.zero_quantized_weights},
+        {"zero_quantized_gradients", z.zero_quantized_gradients}}) {
+    DSCPP_CHECK(!(stage == 3 && on && ctx.device != "cpu"), ConfigError, "zero_optimization.", key,
+                " with a model on ", ctx.device,
+                " is not implemented yet: dscpp quantizes on the CPU only. HINT: remove it (NCCL "
+                "then gathers and reduces the training dtype)");
+  }
+
   // ----- offload (stage 0 ignores it, as DeepSpeed does: the config parser says so).
+  // A model on a device offloads through a DeviceLink: dscpp's own copies CUDA memory, in a
+  // build with CUDA (set-up makes it).
+  const bool optimizer_off_device = stage > 0 && z.offload_optimizer.device != "none";
+  if ((optimizer_off_device || (stage == 3 && z.offload_param.device != "none")) &&
+      ctx.device != "cpu" && !ctx.device_link_given) {
+    const bool cuda = ctx.device.rfind("cuda", 0) == 0;
+    DSCPP_CHECK(cuda && offload::cuda_link_available(), ConfigError, "zero_optimization.",
+                optimizer_off_device ? "offload_optimizer" : "offload_param", " with a model on ",
+                ctx.device, ": ",
+                cuda ? "this dscpp was built without CUDA"
+                     : "dscpp copies to host memory from CUDA devices only",
+                ". HINT: remove it, or build dscpp with -DDSCPP_CUDA=ON");
+  }
   // offload_optimizer cpu and nvme are honoured at stages 1-3 (set-up: build_strategy).
   const auto& oo = z.offload_optimizer;
   if (stage > 0 && oo.device != "none") {
@@ -93,6 +117,15 @@ std::vector<std::string> check_supported(const Config& c, const SupportContext& 
                 "disk its fp32 weights must be off the device with its state. HINT: add \"offload_optimizer\": {\"device\": \"nvme\", "
                 "\"nvme_path\": ...}, or train in bf16 (the fp32 master weights then stay in "
                 "memory)");
+  }
+  if (stage == 3 && op.device == "cpu" && ctx.model_on_device) {
+    DSCPP_CHECK(mixed || oo.device != "none", ConfigError,
+                "zero_optimization.offload_param.device \"cpu\" in fp32 needs "
+                "offload_optimizer.device \"cpu\" (or \"nvme\") too: in fp32 the optimizer "
+                "updates the parameters themselves, so with the parameters in host memory its "
+                "fp32 weights must be off the device with them. HINT: add \"offload_optimizer\": "
+                "{\"device\": \"cpu\"}, or train in bf16 (the fp32 master weights then stay "
+                "on the device)");
   }
   if (stage == 3 && op.device != "none") {
     DSCPP_CHECK(op.buffer_count >= 1, ConfigError,

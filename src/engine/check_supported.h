@@ -22,6 +22,10 @@ struct SupportContext {
   // The model is on a device other than host memory (a GPU, or the tests' stand-in for one), so
   // offload to "cpu" copies.
   bool model_on_device = false;
+  // The device of the model's parameters ("cpu", "cuda:0", "cuda"), and whether
+  // InitOptions::device_link was given (then dscpp makes no link of its own).
+  std::string device = "cpu";
+  bool device_link_given = false;
 };
 
 // Throws ConfigError for the first setting that is refused. Returns the warnings (also logged on

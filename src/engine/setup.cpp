@@ -50,10 +50,15 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> model, Config config, 
   // NOTE [allocator for training]: from the start, so set-up's own allocations already follow
   // it (what set-up frees in bulk is handed back explicitly, return_freed_memory).
   bool cpu_model = true;
-  for (const auto& p : model_->parameters()) cpu_model = cpu_model && p.is_cpu();
+  std::string model_device = "cpu";
+  for (const auto& p : model_->parameters()) {
+    if (!p.is_cpu() && cpu_model) model_device = p.device().str();
+    cpu_model = cpu_model && p.is_cpu();
+  }
   if (cpu_model) keep_freed_memory_for_reuse();
   SupportContext support{client_optimizer_ != nullptr, client_lr_scheduler_ != nullptr,
-                         !cpu_model || device_link_ != nullptr};
+                         !cpu_model || device_link_ != nullptr, model_device,
+                         device_link_ != nullptr};
   std::vector<std::string> ignored = check_supported(config_, support);
   if (!comm_) comm_ = comm::init_from_env(comm::CommOptions::from_config(&config_));
   if (comm_->rank() == 0) {
@@ -296,15 +301,6 @@ void EngineImpl::check_offload_devices() {
   // steps in host memory through a DeviceLink (NOTE [host step] in src/precision/part_store.cpp).
   const int stage = config_.zero_optimization.stage;
   const auto& zc = config_.zero_optimization;
-  // ZeRO++'s quantization (NOTE [block-wise quantization]) runs on the CPU only.
-  for (const auto& [key, on] : {std::pair<const char*, bool>{"zero_quantized_weights",
-                                                              zc.zero_quantized_weights},
-                                {"zero_quantized_gradients", zc.zero_quantized_gradients}}) {
-    DSCPP_CHECK(!(stage == 3 && on && !device_.is_cpu()), ConfigError, "zero_optimization.", key,
-                " with a model on ", device_,
-                " is not implemented yet: dscpp quantizes on the CPU only. HINT: remove it (NCCL "
-                "then gathers and reduces the training dtype)");
-  }
   const auto& oo = zc.offload_optimizer;
   const auto& op = zc.offload_param;
   const bool optimizer_to_host = stage > 0 && oo.device == "cpu";
@@ -315,12 +311,7 @@ void EngineImpl::check_offload_devices() {
                 " but the model is on ", device_,
                 ". HINT: pass a link for the model's device, or none (dscpp makes one)");
   } else if (((stage > 0 && oo.device != "none") || params_off_device) && !device_.is_cpu()) {
-    DSCPP_CHECK(device_.is_cuda() && offload::cuda_link_available(), ConfigError,
-                "zero_optimization.", optimizer_to_host ? "offload_optimizer" : "offload_param",
-                " with a model on ", device_, ": ",
-                device_.is_cuda() ? "this dscpp was built without CUDA"
-                                  : "dscpp copies to host memory from CUDA devices only",
-                ". HINT: remove it, or build dscpp with -DDSCPP_CUDA=ON");
+    // check_supported refused a device without a link of dscpp's.
     own_device_link_ = offload::make_device_link(device_);
     device_link_ = own_device_link_.get();
   }
@@ -349,22 +340,10 @@ void EngineImpl::check_offload_devices() {
   // come from the master weights or from the optimizer's swap file, never from the parameters.
   // With a model on a device the shards wait in host memory (cpu) or behind the swap file
   // (nvme) and go up for their all-gathers (NOTE [shards off the device]).
-  if (stage == 3 && op.device == "cpu") {
-    if (!device_link_) {
-      if (comm_->rank() == 0) {
-        DSCPP_LOG_INFO(
-            "zero_optimization.offload_param.device \"cpu\": the model is on the CPU, so its "
-            "parameter shards already live in CPU memory; nothing moves");
-      }
-      return;
-    }
-    DSCPP_CHECK(dtype_ != at::kFloat || optimizer_to_host || oo.device == "nvme", ConfigError,
-                "zero_optimization.offload_param.device \"cpu\" in fp32 needs "
-                "offload_optimizer.device \"cpu\" (or \"nvme\") too: in fp32 the optimizer "
-                "updates the parameters themselves, so with the parameters in host memory its "
-                "fp32 weights must be off the device with them. HINT: add \"offload_optimizer\": "
-                "{\"device\": \"cpu\"}, or train in bf16 (the fp32 master weights then stay "
-                "on the device)");
+  if (stage == 3 && op.device == "cpu" && !device_link_ && comm_->rank() == 0) {
+    DSCPP_LOG_INFO(
+        "zero_optimization.offload_param.device \"cpu\": the model is on the CPU, so its "
+        "parameter shards already live in CPU memory; nothing moves");
   }
 }
 

@@ -147,8 +147,11 @@ void MuonMatrices::prepare_step(optim::Muon& muon, const std::vector<Part>& part
     for (const Piece& p : matrices_[i].pieces) {
       if (p.rank != rank_) continue;
       const at::Tensor g = grads_at(parts, p.offset, p.length, matrices_[i].name);
-      u[i] = muon.fold_momentum(p.offset, g, grad_scale);
-      options = u[i].options();
+      const at::Tensor piece = muon.fold_momentum(p.offset, g, grad_scale);
+      options = piece.options();
+      // Kept for the owner's iteration or for step 2; at stage 0 a matrix another rank owns
+      // only needs its momentum folded here.
+      if (matrices_[i].owner == rank_ || p.slot >= 0) u[i] = piece;
     }
   }
   if (!options) options = at::TensorOptions().dtype(at::kFloat);  // no piece here

@@ -1315,6 +1315,21 @@ TEST(ConfigCheck, DscppCheckRefusesWhatTrainingWould) {
   EXPECT_EQ(r.output.find("warning: zero_optimization.offload_optimizer.pin_memory"),
             std::string::npos)
       << r.output;
+  // Offload of a model on a GPU needs a build with CUDA (the link that copies), which check
+  // knows as set-up does.
+  EXPECT_TRUE(r.status == 0 ||
+              r.output.find("zero_optimization.offload_optimizer with a model on cuda: this dscpp "
+                            "was built without CUDA") != std::string::npos)
+      << r.output;
+  // What set-up would refuse only once the model is on the GPU.
+  r = check(R"({"train_batch_size": 2, "zero_optimization": {"stage": 3,
+      "zero_quantized_weights": true}})",
+            " --device cuda");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("zero_optimization.zero_quantized_weights with a model on cuda is not "
+                          "implemented yet"),
+            std::string::npos)
+      << r.output;
   // The batch against the world size, worded once.
   r = check(R"({"train_batch_size": 3, "train_micro_batch_size_per_gpu": 1})", " --num_procs 2");
   EXPECT_EQ(r.status, 1) << r.output;
