@@ -273,8 +273,9 @@ class Muon : public Optimizer {
   // Elements [offset, offset + grads.numel()) lie inside one matrix range: folds grads / grad_scale
   // into the momentum and returns u (fp32, a new tensor).
   at::Tensor fold_momentum(int64_t offset, const at::Tensor& grads, double grad_scale);
-  // The update U of elements [offset, offset + update.numel()) (inside one matrix range), for
-  // the next step(); every matrix element needs one before step() reaches it.
+  // The update U of the matrix range starting at `offset` (update.numel() its length), for the
+  // next step(); every range needs one before step() reaches it. The tensor is kept as given
+  // (a view of a larger buffer keeps that buffer) until the step has applied the whole range.
   void set_update(int64_t offset, const at::Tensor& update);
   // The matrix ranges, sorted.
   const std::vector<std::pair<int64_t, int64_t>>& matrix_ranges() const { return ranges_; }
@@ -292,12 +293,12 @@ class Muon : public Optimizer {
   NsMethod ns_method_;
   Adam adam_;  // the Adam half: built for no elements, stepped with this optimizer's state
   std::vector<std::pair<int64_t, int64_t>> ranges_;  // sorted, disjoint
-  std::vector<int64_t> compact_;                     // start of range i in updates_
+  std::vector<int64_t> compact_;                     // matrix elements before range i
   at::Tensor exp_avg_;                               // [numel]
   at::Tensor exp_avg_sq_;  // [numel - matrix_numel_]: the Adam elements, in buffer order
   int64_t matrix_numel_ = 0;
-  at::Tensor updates_;   // [matrix_numel_] fp32: this step's U, held from set_update to step
-  int64_t applied_ = 0;  // matrix elements step() has updated with updates_
+  std::vector<at::Tensor> updates_;  // [range i's length]: this step's U, set_update to step
+  int64_t applied_ = 0;              // matrix elements step() has updated with updates_
 };
 
 // The optimizer of the DeepSpeed config's "optimizer" section (cfg.type, already normalised to

@@ -224,11 +224,15 @@ at::Tensor Muon::fold_momentum(int64_t offset, const at::Tensor& grads, double g
 void Muon::set_update(int64_t offset, const at::Tensor& update) {
   const int64_t n = update.numel();
   const size_t i = range_of(offset, n, "set_update");
-  if (!updates_.defined()) {
-    updates_ = at::empty({matrix_numel_}, update.options().dtype(at::kFloat));
+  DSCPP_CHECK(offset == ranges_[i].first && n == ranges_[i].second, Error,
+              "Muon.set_update: elements [", offset, ", ", offset + n,
+              ") are not a whole matrix range [", ranges_[i].first, ", ",
+              ranges_[i].first + ranges_[i].second, ")");
+  if (updates_.empty()) {
+    updates_.resize(ranges_.size());
     applied_ = 0;
   }
-  updates_.narrow(0, compact_[i] + offset - ranges_[i].first, n).copy_(update.reshape({-1}));
+  updates_[i] = update.reshape({-1});
 }
 
 void Muon::step(at::Tensor& params, const at::Tensor& grads, const StepContext& ctx) {
@@ -258,16 +262,16 @@ void Muon::step(at::Tensor& params, const at::Tensor& grads, const StepContext& 
       return;
     }
     const size_t i = range_of(lo, hi - lo, "step");
-    DSCPP_CHECK(updates_.defined(), Error, "Muon.step: no update was set for matrix elements [", lo,
-                ", ", hi,
+    DSCPP_CHECK(!updates_.empty() && updates_[i].defined(), Error,
+                "Muon.step: no update was set for matrix elements [", lo, ", ", hi,
                 "). HINT: call fold_momentum and set_update for every matrix piece first "
                 "(the engine's zero::MuonMatrices does)");
-    const at::Tensor u = updates_.narrow(0, compact_[i] + lo - ranges_[i].first, hi - lo);
+    const at::Tensor u = updates_[i].narrow(0, lo - ranges_[i].first, hi - lo);
     if (params_.weight_decay != 0.0) p.mul_(1.0 - lr * params_.weight_decay);
     p.add_(u.to(p.scalar_type()), -lr);
     applied_ += hi - lo;
   });
-  if (applied_ >= matrix_numel_) updates_ = at::Tensor();  // every matrix element is stepped
+  if (applied_ >= matrix_numel_) updates_.clear();  // every matrix element is stepped
 }
 
 }  // namespace dscpp::optim

@@ -171,7 +171,9 @@ void MuonMatrices::prepare_step(optim::Muon& muon, const std::vector<Part>& part
     gathered = at::empty({total(to_owner_counts_)}, *options);
     comm_.all_gather(gathered, send, to_owner_counts_)->wait();
   }
-  // 3. Orthogonalise the owned matrices; keep the own piece's update, pack the others'.
+  // 3. Orthogonalise the owned matrices; pack the others' pieces' updates, and keep the own
+  // piece's unless it comes back in step 4 (stage 0: the whole matrix goes to every rank, and
+  // the owner takes its own from there too, so no update is held twice).
   at::Tensor back_send = at::empty({back_counts_[rank_]}, *options);
   int64_t back_at = 0;
   for (size_t i = 0; i < matrices_.size(); ++i) {
@@ -190,32 +192,37 @@ void MuonMatrices::prepare_step(optim::Muon& muon, const std::vector<Part>& part
     const at::Tensor update =
         optim::muon_orthogonalize(whole.view({m.rows, m.cols}), muon.ns_method()).reshape({-1});
     for (const Piece& p : m.pieces) {
-      if (p.rank == rank_) muon.set_update(p.offset, update.narrow(0, p.first, p.length));
+      if (p.rank != rank_ || back_position(m, p) >= 0) continue;
+      muon.set_update(p.offset,
+                      p.length == n ? update : update.narrow(0, p.first, p.length).clone());
     }
     for (const auto& [first, length] : m.wanted) {
       back_send.narrow(0, back_at, length).copy_(update.narrow(0, first, length));
       back_at += length;
     }
   }
-  // 4. The updates of this rank's pieces of others' matrices.
+  // 4. The updates of this rank's pieces that others need, its own among them: views of the
+  // gathered buffer, which the optimizer keeps until it has applied them.
   if (total(back_counts_) == 0) return;
   at::Tensor back = at::empty({total(back_counts_)}, *options);
   comm_.all_gather(back, back_send, back_counts_)->wait();
+  back_send = at::Tensor();
   for (const Matrix& m : matrices_) {
-    if (m.owner == rank_) continue;
     for (const Piece& p : m.pieces) {
       if (p.rank != rank_) continue;
-      int64_t pos = m.back_slot;  // p lies inside one wanted range
-      for (const auto& [first, length] : m.wanted) {
-        if (p.first < first + length) {
-          pos += p.first - first;
-          break;
-        }
-        pos += length;
-      }
-      muon.set_update(p.offset, back.narrow(0, pos, p.length));
+      const int64_t pos = back_position(m, p);
+      if (pos >= 0) muon.set_update(p.offset, back.narrow(0, pos, p.length));
     }
   }
+}
+
+int64_t MuonMatrices::back_position(const Matrix& m, const Piece& p) {
+  int64_t pos = m.back_slot;
+  for (const auto& [first, length] : m.wanted) {
+    if (p.first >= first && p.first + p.length <= first + length) return pos + p.first - first;
+    pos += length;
+  }
+  return -1;
 }
 
 }  // namespace dscpp::zero

@@ -15,11 +15,12 @@
 //      per rank; nothing at stage 0, where every rank holds every matrix);
 //   3. the owner orthogonalises the whole matrix and keeps the update of its own piece;
 //   4. the updates of the others' pieces travel back (a second all-gather; at stage 0 each
-//      owned matrix's update once) and each rank sets them (optim::Muon::set_update) before
-//      the optimizer steps its part.
+//      owned matrix's update once, the owner taking its own from there too) and each rank sets
+//      them (optim::Muon::set_update, views of the gathered buffer) before the optimizer steps
+//      its part.
 // The result is the same at every stage and world size: the same whole matrix goes through the
 // same iteration. Both gathers hold every rank's contribution at once (at stage 0 every matrix's
-// update, 4 bytes per matrix element, for the moment of the step).
+// update, 4 bytes per matrix element, until the step has applied them).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -76,6 +77,9 @@ class MuonMatrices {
     std::vector<std::pair<int64_t, int64_t>> wanted;
     int64_t back_slot = 0;
   };
+
+  // Where step 4 puts piece p of m in the gathered buffer; -1 when no other rank needs it.
+  static int64_t back_position(const Matrix& m, const Piece& p);
 
   comm::Communicator& comm_;
   int rank_, world_;
