@@ -532,6 +532,10 @@ struct Config {
   // Divide gradients by this before the all-reduce and by world_size / this after. Default 1.0.
   // > 0.
   double gradient_predivide_factor = 1.0;
+  // "mean" (default): the data-parallel gradients are averaged over ranks; "sum": summed, with
+  // neither prescale_gradients nor gradient_predivide_factor applied (DeepSpeed 0.19.8's
+  // gradient_allreduce_op; any case).
+  std::string gradient_allreduce_op = "mean";
   // Allow ZeRO with an optimizer DeepSpeed has not tested with it. Default false.
   bool zero_allow_untested_optimizer = false;
   // Data type of gradient collectives: "fp16", "bf16" or "fp32" (case-insensitive; DeepSpeed's

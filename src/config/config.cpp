@@ -809,7 +809,8 @@ void parse_elasticity(JsonReader& root, ElasticityConfig* e) {
   r.finish();
 }
 
-// The top level's plain keys (the batch triple and communication_data_type are code).
+// The top level's plain keys (the batch triple, communication_data_type, gradient_allreduce_op
+// and log_level are code).
 const Keys<Config>& root_keys() {
   static const Keys<Config> k =
       Keys<Config>()
@@ -839,6 +840,11 @@ void parse_root(const json& j, Config* c, std::vector<std::string>* read = nullp
     if (t == "bfp16") t = "bf16";  // DeepSpeed's spelling before 0.14
     config::one_of({"fp16", "bf16", "fp32"}).check(r, "communication_data_type", t);
     c->communication_data_type = t;
+  }
+
+  if (r.get("gradient_allreduce_op", &c->gradient_allreduce_op)) {
+    c->gradient_allreduce_op = to_lower(c->gradient_allreduce_op);
+    config::one_of({"mean", "sum"}).check(r, "gradient_allreduce_op", c->gradient_allreduce_op);
   }
 
   if (r.get("log_level", &c->log_level) && c->log_level) {
@@ -1181,6 +1187,7 @@ std::string Config::describe() const {
   d.line("communication_data_type", communication_data_type
                                         ? "\"" + *communication_data_type + "\""
                                         : std::string("(unset: the training precision)"));
+  d.line("gradient_allreduce_op", "\"" + gradient_allreduce_op + "\"");
   if (log_level) d.str("log_level", log_level);
   describe_optimizer(d, optimizer);
   describe_scheduler(d, scheduler);

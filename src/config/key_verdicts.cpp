@@ -35,10 +35,6 @@ const std::vector<KeyVerdict> kKeyVerdicts = {
      "false hands the accumulation boundary to the caller (every step() updates); dscpp's engine "
      "counts micro-steps and steps at the gradient_accumulation_steps boundary",
      "remove it, or set gradient_accumulation_steps to 1 and call step() where you want updates"},
-    {"gradient_allreduce_op", R, "[\"mean\"]",
-     "\"sum\" sums the data-parallel gradients instead of averaging them (DeepSpeed refuses it "
-     "at stage 3 too); dscpp averages",
-     "remove it (\"mean\"), and scale the learning rate if you relied on summed gradients"},
     {"sequence_parallel_size", R, "[1]",
      "sequence parallelism splits each sequence over ranks and divides the data-parallel world "
      "by it; dscpp has none, so every rank would train another micro-batch than in DeepSpeed",

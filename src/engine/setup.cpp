@@ -267,6 +267,7 @@ zero::StrategyOptions EngineImpl::strategy_options(const zero::FlatLayout& layou
   so.reduce.reduce_bucket_size = zero::capped_bucket_size(zc.reduce_bucket_size, layout.numel);
   so.reduce.prescale_gradients = config_.prescale_gradients;
   so.reduce.gradient_predivide_factor = config_.gradient_predivide_factor;
+  so.reduce.average = config_.gradient_allreduce_op == "mean";
   so.reduce.overlap_comm = zc.overlap_comm;
   so.reduce.contiguous_gradients = zc.contiguous_gradients;
   so.reduce.reduce_scatter = zc.reduce_scatter;

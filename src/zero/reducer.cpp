@@ -277,6 +277,7 @@ void GradReducer::launch_in_order_locked() {
 }
 
 void GradReducer::prescale(at::Tensor& t) const {
+  if (!options_.average) return;
   if (options_.prescale_gradients)
     t.div_(comm_.world_size());
   else if (options_.gradient_predivide_factor != 1.0)
@@ -284,11 +285,13 @@ void GradReducer::prescale(at::Tensor& t) const {
 }
 
 comm::ReduceOp GradReducer::reduce_op() const {
+  if (!options_.average) return comm::ReduceOp::sum;
   const bool mean = !options_.prescale_gradients && options_.gradient_predivide_factor == 1.0;
   return mean ? comm::ReduceOp::avg : comm::ReduceOp::sum;
 }
 
 double GradReducer::postscale_factor() const {
+  if (!options_.average) return 1.0;
   if (options_.prescale_gradients || reduce_op() == comm::ReduceOp::avg) return 1.0;
   return options_.gradient_predivide_factor / comm_.world_size();
 }

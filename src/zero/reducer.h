@@ -61,6 +61,9 @@ struct ReduceOptions {
   int64_t reduce_bucket_size = 500000000;
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;
+  // false (gradient_allreduce_op "sum"): the gradients are summed over ranks, not averaged; the
+  // two above are then not applied (DeepSpeed's rule).
+  bool average = true;
   // Stages 1-3 (DeepSpeed's meaning; see reduce_scatter.h).
   bool overlap_comm = false;
   bool contiguous_gradients = true;

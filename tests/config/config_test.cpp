@@ -701,6 +701,12 @@ TEST(ConfigRoot, LogLevelIsReadInAnyCase) {
             std::string::npos);
   // null batch keys are DeepSpeed's default (None): not given.
   EXPECT_FALSE(Config::parse(R"({"train_batch_size": null})").train_batch_size);
+  // gradient_allreduce_op, lower-cased as DeepSpeed does.
+  EXPECT_EQ(Config::parse("{}").gradient_allreduce_op, "mean");
+  EXPECT_EQ(Config::parse(R"({"gradient_allreduce_op": "Sum"})").gradient_allreduce_op, "sum");
+  EXPECT_NE(parse_error(R"({"gradient_allreduce_op": "max"})")
+                .find("gradient_allreduce_op: must be one of mean, sum"),
+            std::string::npos);
 }
 
 // ZeRO++: zero_quantized_weights, zero_quantized_gradients and zero_hpz_partition_size are

@@ -277,6 +277,41 @@ TEST(EngineZero3, MuonMatchesStage0AtEveryStage) {
   }
 }
 
+// gradient_allreduce_op "sum" (DeepSpeed 0.19.8) adds the ranks' gradients: with plain SGD at
+// learning rate lr it trains as "mean" at 2 lr on 2 ranks, at every stage (DeepSpeed refuses sum
+// at stage 3; dscpp sums there too), and prescale_gradients is then not applied (DeepSpeed's
+// rule). The logged gradient norm is the summed gradients'.
+TEST(EngineZero3, GradientAllreduceOpSumAddsTheRanksGradients) {
+  const int world = 2, steps = 3;
+  auto sgd = [](double lr) {
+    return ", \"gradient_clipping\": 0, \"optimizer\": {\"type\": \"SGD\", \"params\": "
+           "{\"lr\": " +
+           std::to_string(lr) + "}}";
+  };
+  for (const std::string zero :
+       {std::string(""), std::string(", \"zero_optimization\": {\"stage\": 1}"),
+        std::string(", \"zero_optimization\": {\"stage\": 2}"),
+        zero3(", \"stage3_param_persistence_threshold\": 0")}) {
+    auto mean = run_stack(world, steps, config_json(8, 4, sgd(0.1) + zero), kEverything);
+    auto sum = run_stack(world, steps,
+                         config_json(8, 4,
+                                     sgd(0.05) + zero +
+                                         ", \"gradient_allreduce_op\": \"SUM\", "
+                                         "\"prescale_gradients\": true"),
+                         kEverything);
+    for (int r = 0; r < world; ++r) {
+      ASSERT_EQ(sum[r].losses.size(), mean[0].losses.size());
+      for (size_t i = 0; i < mean[0].losses.size(); ++i) {
+        EXPECT_NEAR(sum[r].losses[i], mean[0].losses[i], 1e-6 * mean[0].losses[i]) << zero;
+        EXPECT_NEAR(sum[r].grad_norms[i], 2 * mean[0].grad_norms[i], 1e-6 * mean[0].grad_norms[i])
+            << zero;
+      }
+      const double err = (sum[r].params - mean[0].params).abs().max().item<double>();
+      EXPECT_LE(err, 1e-6 * mean[0].params.abs().max().item<double>()) << zero << " rank " << r;
+    }
+  }
+}
+
 // zero::checkpoint below stage 3 recomputes too, and stays exact at stages 0 and 2 (GAS 1).
 TEST(EngineZero3, CheckpointBelowStage3IsExact) {
   const int world = 2, B = 4, micro = 2, steps = 3;
