@@ -60,6 +60,7 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> model, Config config, 
                          !cpu_model || device_link_ != nullptr, model_device,
                          device_link_ != nullptr};
   std::vector<std::string> ignored = check_supported(config_, support);
+  check_optimizer_sources();
   if (!comm_) comm_ = comm::init_from_env(comm::CommOptions::from_config(&config_));
   if (comm_->rank() == 0) {
     for (const auto& w : ignored) DSCPP_LOG_WARN("{}", w);
@@ -675,7 +676,10 @@ std::unique_ptr<offload::ParamSwapper> EngineImpl::build_param_swapper(
   return swapper;
 }
 
-void EngineImpl::build_optimizer() {
+void EngineImpl::check_optimizer_sources() const {
+  // What the program passed beside the config (so not check_supported's, which dscpp check runs
+  // without a program), before anything is built: the optimizer's swap file would otherwise
+  // ask the config's optimizer first, with other words.
   if (client_optimizer_) {
     DSCPP_CHECK(config_.optimizer.type.empty(), ConfigError,
                 "both the config's optimizer section (", config_.optimizer.type,
@@ -685,6 +689,20 @@ void EngineImpl::build_optimizer() {
                 "the config has no optimizer section and no optimizer was passed to "
                 "initialize(). HINT: add {\"optimizer\": {\"type\": \"AdamW\", \"params\": "
                 "{\"lr\": 1e-3}}}");
+  }
+  if (client_lr_scheduler_) {
+    DSCPP_CHECK(config_.scheduler.type.empty(), ConfigError,
+                "both the config's scheduler section (", config_.scheduler.type,
+                ") and a client LR scheduler were given. HINT: remove one of them");
+  } else if (client_optimizer_) {
+    DSCPP_CHECK(config_.scheduler.type.empty(), ConfigError,
+                "a scheduler section needs the config's optimizer; with a client optimizer pass "
+                "a client LR scheduler too");
+  }
+}
+
+void EngineImpl::build_optimizer() {
+  if (!client_optimizer_) {
     // Over this rank's part: everything at stage 0, its shard at stages 1-3; none when the
     // state is swapped in from disk for each sub-group (StepContext::state); in host memory when
     // the store steps there (offload_optimizer cpu of a model on a device).
@@ -706,18 +724,10 @@ void EngineImpl::build_optimizer() {
         config_.optimizer, store_->holds_optimizer_states() ? 0 : strategy_->part_numel(), state,
         std::move(segments));
   }
-  if (client_lr_scheduler_) {
-    DSCPP_CHECK(config_.scheduler.type.empty(), ConfigError,
-                "both the config's scheduler section (", config_.scheduler.type,
-                ") and a client LR scheduler were given. HINT: remove one of them");
-  } else if (optimizer_) {
+  if (!client_lr_scheduler_ && optimizer_) {
     lr_schedule_ = make_lr_schedule(config_.scheduler, *optimizer_);
     if (const auto* muon = dynamic_cast<const optim::Muon*>(optimizer_.get()))
       adam_lr_schedule_ = make_lr_schedule(config_.scheduler, muon->adam_lr(), false);
-  } else {
-    DSCPP_CHECK(config_.scheduler.type.empty(), ConfigError,
-                "a scheduler section needs the config's optimizer; with a client optimizer pass "
-                "a client LR scheduler too");
   }
 }
 

@@ -2,20 +2,23 @@
 // engine): the backbone is equivalence, every world size and GAS setting at the same
 // train_batch_size reproduces the single-process trajectory; plus unused parameters, tiny
 // buckets, no_sync, flushing a partial window, and a non-finite loss on one rank.
+#include "dscpp/engine.h"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/schedulers/step_lr.h>
+#include <torch/optim/sgd.h>
 
 #include <functional>
 #include <mutex>
-#include <torch/nn/modules/linear.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/sgd.h>
 
-#include "dscpp/engine.h"
 #include "dscpp/error.h"
 #include "dscpp/log.h"
 #include "engine/test_net.h"
 #include "support/errors.h"
+#include "support/temp_dir.h"
 #include "support/thread_ranks.h"
 
 namespace dscpp {
@@ -361,6 +364,46 @@ TEST(Engine, ModelThatDiffersAcrossRanksNamesTheFirstDifferingParameter) {
     EXPECT_NE(what.find("rank 0 has 'fc2.bias' [4] Float, rank 1 has 'fc2.bias' [4] Float frozen"),
               std::string::npos)
         << what;
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+}
+
+// One optimizer and one schedule: the config's or the program's. Refused with one text before
+// anything is built, also where the optimizer's swap file would be made first (offload to nvme).
+TEST(Engine, OptimizerAndScheduleComeFromTheConfigOrTheProgram) {
+  testing::TempDir swap;
+  const std::string nvme =
+      ", \"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": "
+      "{\"device\": \"nvme\", \"nvme_path\": \"" +
+      swap.path() + "\"}}";
+  const std::string schedule =
+      ", \"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_num_steps\": 2}}";
+  auto errors = run_thread_ranks(1, [&](Communicator& c) {
+    Net net = make_net(1);
+    auto error = [&](const std::string& extra, bool client_optimizer, bool client_schedule) {
+      InitOptions o = borrowed(c);
+      if (client_optimizer)
+        o.optimizer =
+            std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1));
+      if (client_schedule)
+        o.lr_scheduler = std::make_shared<torch::optim::StepLR>(*o.optimizer, 10);
+      return testing::error_of<ConfigError>(
+          [&] { initialize(net.ptr(), config_json(4, 4, extra), o); });
+    };
+    const std::string none =
+        "the config has no optimizer section and no optimizer was passed to "
+        "initialize()";
+    EXPECT_NE(error("", false, false).find(none), std::string::npos);
+    EXPECT_NE(error(nvme, false, false).find(none), std::string::npos);
+    EXPECT_NE(error(kAdamW, true, false)
+                  .find("both the config's optimizer section (AdamW) and a client optimizer"),
+              std::string::npos);
+    EXPECT_NE(error(schedule, true, true)
+                  .find("both the config's scheduler section (WarmupLR) and a client LR "
+                        "scheduler"),
+              std::string::npos);
+    EXPECT_NE(error(schedule, true, false).find("a scheduler section needs the config's optimizer"),
+              std::string::npos);
   });
   for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
 }
