@@ -461,7 +461,7 @@ TEST(Engine, ConfigErrorsAreClear) {
       EXPECT_NE(std::string(e.what()).find("no optimizer section"), std::string::npos) << e.what();
     }
     try {
-      initialize(net.ptr(), config_json(4, 3), opts);
+      initialize(net.ptr(), config_json(4, 3, kAdamW), opts);
       ADD_FAILURE() << "inconsistent batch accepted";
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find("train_batch_size 4"), std::string::npos) << e.what();
