@@ -154,7 +154,12 @@ void MuonMatrices::prepare_step(optim::Muon& muon, const std::vector<Part>& part
       if (matrices_[i].owner == rank_ || p.slot >= 0) u[i] = piece;
     }
   }
-  if (!options) options = at::TensorOptions().dtype(at::kFloat);  // no piece here
+  if (!options) {  // no matrix piece here: the buffers on the gradients' device all the same
+    options = at::TensorOptions().dtype(at::kFloat);
+    for (const Part& part : parts) {
+      if (part.grads.defined()) options = part.grads.options().dtype(at::kFloat);
+    }
+  }
   // 2. The pieces of others' matrices to their owners.
   at::Tensor gathered;
   if (total(to_owner_counts_) > 0) {
