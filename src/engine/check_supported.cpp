@@ -56,16 +56,6 @@ std::vector<std::string> check_supported(const Config& c, const SupportContext& 
   DSCPP_CHECK(!(c.fp16.enabled && c.fp16.auto_cast), ConfigError,
               "fp16.auto_cast is not implemented: dscpp does not cast the model's inputs. HINT: "
               "set fp16.auto_cast to false and pass inputs in fp16 (or integer token ids)");
-  if (c.communication_data_type) {
-    DSCPP_CHECK(*c.communication_data_type == dtype, ConfigError, "communication_data_type \"",
-                *c.communication_data_type,
-                "\" is not implemented: gradients are reduced in "
-                "the training dtype (",
-                dtype,
-                "). HINT: remove communication_data_type or set "
-                "it to \"",
-                dtype, "\"");
-  }
 
   // ZeRO++'s quantization (NOTE [block-wise quantization]) runs on the CPU only.
   for (const auto& [key, on] :

@@ -85,6 +85,16 @@ int64_t gathered_peak(const StageThreeUnits& units, const ZeroConfig& z) {
   return peak;
 }
 
+at::ScalarType training_dtype(const Config& config) {
+  return config.bf16.enabled ? at::kBFloat16 : config.fp16.enabled ? at::kHalf : at::kFloat;
+}
+
+at::ScalarType communication_dtype(const Config& config) {
+  if (!config.communication_data_type) return training_dtype(config);
+  const std::string& t = *config.communication_data_type;  // the parser allows these three
+  return t == "fp32" ? at::kFloat : t == "bf16" ? at::kBFloat16 : at::kHalf;
+}
+
 ConfiguredBatch configured_batch(const Config& config, int world) {
   if (!config.train_batch_size && !config.train_micro_batch_size_per_gpu &&
       !config.gradient_accumulation_steps && !config.elasticity.enabled) {
@@ -109,10 +119,8 @@ EstimateInput gpt_estimate_input(const models::GPTConfig& gpt, const Config& con
   in.world = world;
   in.on_gpu = on_gpu;
   in.spill_coming = true;  // at stage 3 dscpp train builds it under zero::Init
-  const at::ScalarType dtype = config.bf16.enabled   ? at::kBFloat16
-                               : config.fp16.enabled ? at::kHalf
-                                                     : at::kFloat;
-  in.activations = gpt.activation_bytes(configured_batch(config, world).micro, dtype, checkpointing,
+  in.activations = gpt.activation_bytes(configured_batch(config, world).micro,
+                                        training_dtype(config), checkpointing,
                                         on_gpu ? c10::DeviceType::CUDA : c10::DeviceType::CPU);
   return in;
 }
@@ -222,7 +230,7 @@ Estimate estimate(const EstimateInput& in, const Config& c, int stage,
   }
   if (stage == 3 && e.offload_optimizer == "nvme" && e.offload_param == "nvme" && !in.on_gpu) {
     // NOTE [gradients on disk]: the shard in a swap file of its own, beside the optimizer's.
-    const at::ScalarType dtype = mixed ? (c.bf16.enabled ? at::kBFloat16 : at::kHalf) : at::kFloat;
+    const at::ScalarType dtype = training_dtype(c);
     e.grads = 0;
     e.grad_disk = offload::GradSwapper::file_bytes_for(part, dtype);
     e.swap_buffers += offload::GradSwapper::buffer_bytes_for(part, dtype, sub);
@@ -244,17 +252,23 @@ Estimate estimate(const EstimateInput& in, const Config& c, int stage,
     const int64_t depth = static_cast<int64_t>(std::ceil(std::log2(static_cast<double>(local))));
     e.comm_buffers = 2 * local * slot + (1 + depth) * (slot / b) * 4;
   }
+  // A bucket of the flat gradient space never crosses a group (the model at stages 0-2, a unit
+  // at stage 3; NOTE [bucket cap] in src/zero/reducer.h). (A parameter larger than the bucket
+  // size makes a larger bucket of its own; not counted.)
+  const auto& z = c.zero_optimization;
+  int64_t bucket = std::min(zero::capped_bucket_size(z.reduce_bucket_size, psi), psi);
+  if (stage == 3 && in.largest_unit > 0) bucket = std::min(bucket, in.largest_unit);
   if (stage >= 2) {
-    // The slots hold a bucket of the flat gradient space, which never crosses a group (the model
-    // at stage 2, a unit at stage 3; NOTE [bucket cap] in src/zero/reducer.h); overlap_comm
-    // defaults to stage 3 (DeepSpeed's). Without contiguous_gradients a bucket's slot is
-    // allocated when it fills and freed once reduced: the same peak. (A parameter larger than
-    // the bucket size makes a larger bucket of its own; not counted.)
-    const auto& z = c.zero_optimization;
+    // The slots hold a bucket each; overlap_comm defaults to stage 3 (DeepSpeed's). Without
+    // contiguous_gradients a bucket's slot is allocated when it fills and freed once reduced:
+    // the same peak.
     const bool overlap = stage == z.stage ? z.overlap_comm : stage == 3;
-    int64_t bucket = std::min(zero::capped_bucket_size(z.reduce_bucket_size, psi), psi);
-    if (stage == 3 && in.largest_unit > 0) bucket = std::min(bucket, in.largest_unit);
     e.staging = (overlap ? 2 : 1) * bucket * b;
+  }
+  // A communication dtype of its own: the copies of the buckets in flight (NOTE [wire dtype]).
+  if (communication_dtype(c) != training_dtype(c)) {
+    e.staging += zero::kWireCopiesInFlight * bucket *
+                 static_cast<int64_t>(c10::elementSize(communication_dtype(c)));
   }
   // The allocator's share (NOTE [a bound on the peak]) of host memory: for a model on a GPU of
   // its host part (the caching allocator's slack on the device is not counted).

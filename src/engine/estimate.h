@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/ScalarType.h>
+
 #include "dscpp/config.h"
 
 namespace dscpp::models {
@@ -137,6 +139,11 @@ struct Estimate {
   // "stage 2, optimizer on nvme", "stage 3, optimizer and parameters on cpu"
   std::string describe() const;
 };
+
+// The dtype `config` trains in (bf16, fp16 or fp32), and the one its gradients are reduced in
+// (communication_data_type; unset: the training dtype).
+at::ScalarType training_dtype(const Config& config);
+at::ScalarType communication_dtype(const Config& config);
 
 // The micro-batch and gradient accumulation steps `config` resolves to at `world` ranks (with
 // elasticity, the elastic batch's); one sample, no accumulation when the config names no batch

@@ -219,8 +219,7 @@ void EngineImpl::open_monitors() {
 }
 
 void EngineImpl::choose_precision() {
-  if (config_.bf16.enabled) dtype_ = at::kBFloat16;
-  if (config_.fp16.enabled) dtype_ = at::kHalf;
+  dtype_ = engine::training_dtype(config_);
   if (config_.fp16.enabled) {
     scaler_ = std::make_unique<precision::LossScaler>(
         precision::LossScalerOptions::from_config(config_.fp16));
@@ -273,11 +272,15 @@ zero::StrategyOptions EngineImpl::strategy_options(const zero::FlatLayout& layou
   so.reduce.contiguous_gradients = zc.contiguous_gradients;
   so.reduce.reduce_scatter = zc.reduce_scatter;
   so.reduce.quantize_gradients = stage == 3 && zc.zero_quantized_gradients;
+  // NOTE [wire dtype] in zero/reducer.h.
+  const at::ScalarType wire = engine::communication_dtype(config_);
+  if (wire != dtype_) so.reduce.wire_dtype = wire;
   so.allgather_bucket_size = zero::capped_bucket_size(zc.allgather_bucket_size, layout.numel);
   // Stage 0 in fp32: the statistics ride in the gradient all-reduce (NOTE [side channel] in
   // zero/all_reduce.h): [0] the window's loss sum, [1] its micro-steps, [2 + r] rank r's flags
   // (window_flags()). Otherwise one small all-reduce at the boundary carries them.
-  so.side_channel = stage == 0 && dtype_ == at::kFloat ? 2 + comm_->world_size() : 0;
+  so.side_channel =
+      stage == 0 && dtype_ == at::kFloat && !so.reduce.wire_dtype ? 2 + comm_->world_size() : 0;
   std::string capped;
   if (so.reduce.reduce_bucket_size < zc.reduce_bucket_size) {
     capped = fmt::format("reduce_bucket_size {} -> {}", zc.reduce_bucket_size,

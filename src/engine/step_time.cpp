@@ -81,20 +81,21 @@ StepTime model_step(const Cluster& c, const StepWork& w) {
   StepTime t;
   t.compute_s = w.compute_s;
   const double item = w.item_bytes;
+  const double grad_item = w.grad_wire_bytes;
   const double gas = w.gas;
   Pass hidden, exposed;
   const double all = static_cast<double>(w.elements());
   if (w.stage == 0) {
     // The gradients' all-reduce, bucket by bucket during backward.
-    Pass ar = ring_pass(c, all, item, true);
-    ar += ring_pass(c, all, item, false);
+    Pass ar = ring_pass(c, all, grad_item, true);
+    ar += ring_pass(c, all, grad_item, false);
     t.reduce_bytes = ar.bytes;
     hidden += ar;
   } else {
     // What is not a unit (everything below stage 3): reduce-scattered (stage 1 once a step, at
     // the boundary; stages 2-3 every micro-batch), all-gathered after the step.
     const double others = w.stage == 3 ? static_cast<double>(w.other) : all;
-    Pass rs = ring_pass(c, others, item, true).times(w.stage == 1 ? 1 : gas);
+    Pass rs = ring_pass(c, others, grad_item, true).times(w.stage == 1 ? 1 : gas);
     Pass ag = ring_pass(c, others, item, false);
     t.reduce_bytes += rs.bytes;
     t.after_bytes += ag.bytes;
@@ -125,7 +126,7 @@ StepTime model_step(const Cluster& c, const StepWork& w) {
                         ? Pass{0, regathered * item / c.shm_bytes_per_s}.times(gas)
                         : ring_pass(c, regathered, wire, false).times(gas);
     Pass reduce = (w.quantized_gradients ? quantized_reduce(c, unit_elements)
-                                         : ring_pass(c, unit_elements, item, true))
+                                         : ring_pass(c, unit_elements, grad_item, true))
                       .times(gas);
     t.gather_bytes = gather.bytes;
     t.regather_bytes = regather.bytes;

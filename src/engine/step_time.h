@@ -54,7 +54,8 @@ struct Cluster {
 // One step of training, as the config and the model make it.
 struct StepWork {
   int stage = 0;
-  int item_bytes = 4;  // the training dtype's bytes per element
+  int item_bytes = 4;       // the training dtype's bytes per element
+  int grad_wire_bytes = 4;  // the gradients' reductions' (communication_data_type)
   int gas = 1;
   // Stage 3: each unit's sharded elements in forward order; `other` = every trainable element
   // not in a unit (stage 3's resident group; every element below stage 3).

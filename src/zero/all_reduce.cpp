@@ -24,7 +24,7 @@ AllReduceReducer::AllReduceReducer(std::vector<at::Tensor> params, std::vector<s
                   {GroupGeometry{0, padded, padded / comm.world_size(), 0}}, {}, comm, options),
       numel_(sum_segments(segments_)),
       buffer_(params_, segments_, padded, side_channel, buffer_options_) {
-  DSCPP_CHECK(side_channel == 0 || options_.dtype == at::kFloat, Error,
+  DSCPP_CHECK(side_channel == 0 || (options_.dtype == at::kFloat && !options_.wire_dtype), Error,
               "internal: the gradient side channel needs fp32 all-reduce");
   install_hooks();
 }
@@ -38,16 +38,18 @@ bool AllReduceReducer::may_launch_locked(const Bucket& b) const {
 
 void AllReduceReducer::launch_locked(Bucket& b) {
   for (int p : b.params) buffer_.settle(p);
-  at::Tensor slice = buffer_.grads().narrow(0, b.offset, b.numel);
-  prescale(slice);
   // The bucket at the start of the buffer, launched last, also carries the side channel just
-  // before it (NOTE [side channel]).
+  // before it (NOTE [side channel]; never with a wire dtype of its own).
   const int64_t side = buffer_.side().numel();
-  at::Tensor t =
-      &b == &buckets_.back() && side > 0 ? buffer_.storage().narrow(0, 0, side + b.numel) : slice;
-  // The side channel's values are sums, so its bucket is summed and divided afterwards.
+  at::Tensor t = &b == &buckets_.back() && side > 0
+                     ? buffer_.storage().narrow(0, 0, side + b.numel)
+                     : buffer_.grads().narrow(0, b.offset, b.numel);
   InFlight f;
-  f.work = comm_.all_reduce(t, t.numel() > b.numel ? comm::ReduceOp::sum : reduce_op());
+  at::Tensor wire = on_wire(t, 0, t.numel(), f);
+  at::Tensor grads = wire.narrow(0, wire.numel() - b.numel, b.numel);
+  prescale(grads);
+  // The side channel's values are sums, so its bucket is summed and divided afterwards.
+  f.work = comm_.all_reduce(wire, t.numel() > b.numel ? comm::ReduceOp::sum : reduce_op());
   in_flight_.push_back(std::move(f));
 }
 

@@ -31,15 +31,20 @@ void InPlaceReducer::on_arriving_locked(int, Bucket&) {
 void InPlaceReducer::launch_locked(Bucket& b) {
   for (int p : b.params) buffer_.settle(p);
   at::Tensor staging = buffer_.grads().narrow(0, b.offset, b.numel);
-  prescale(staging);
   int64_t own_start = 0;
   std::vector<int64_t> counts = rank_counts(b, &own_start);
+  const int64_t from = own_start - b.offset, count = counts[comm_.rank()];
   InFlight f;
   f.staging = staging;
-  f.result = staging.narrow(0, own_start - b.offset, counts[comm_.rank()]);
+  f.result = staging.narrow(0, from, count);
   f.shard_pos = own_start - comm_.rank() * groups_[0].shard;
-  f.work = options_.reduce_scatter ? comm_.reduce_scatter(f.result, staging, counts, reduce_op())
-                                   : comm_.all_reduce(staging, reduce_op());
+  // All-reduced, the whole bucket is the sum and comes back (the buffer is read whole after).
+  at::Tensor wire = options_.reduce_scatter ? on_wire(staging, from, count, f)
+                                            : on_wire(staging, 0, b.numel, f);
+  prescale(wire);
+  f.work = options_.reduce_scatter
+               ? comm_.reduce_scatter(wire.narrow(0, from, count), wire, counts, reduce_op())
+               : comm_.all_reduce(wire, reduce_op());
   in_flight_.push_back(std::move(f));
 }
 
@@ -226,21 +231,24 @@ void SlotReducer::launch_locked(Bucket& b) {
   if (!resident(b)) {
     for (int p : b.params) params_[p].mutable_grad() = at::Tensor();
   }
-  prescale(staging);
   int64_t own_start = 0;
   std::vector<int64_t> counts = rank_counts(b, &own_start);
+  const int64_t from = own_start - b.offset, count = counts[comm_.rank()];
   const GroupGeometry& g = groups_[b.group];
   InFlight f;
   f.staging = staging;
-  f.result = staging.narrow(0, own_start - b.offset, counts[comm_.rank()]);
+  f.result = staging.narrow(0, from, count);
   f.shard_pos = g.shard_base + own_start - (g.base + comm_.rank() * g.shard);
   f.slot = b.slot;
+  at::Tensor wire = on_wire(staging, from, count, f);
+  prescale(wire);
+  at::Tensor out = wire.narrow(0, from, count);
   if (!options_.reduce_scatter) {
-    f.work = comm_.all_reduce(staging, reduce_op());
+    f.work = comm_.all_reduce(wire, reduce_op());
   } else if (options_.quantize_gradients && !resident(b)) {
-    f.work = comm_.reduce_scatter_quantized(f.result, staging, counts, reduce_op());
+    f.work = comm_.reduce_scatter_quantized(out, wire, counts, reduce_op());
   } else {
-    f.work = comm_.reduce_scatter(f.result, staging, counts, reduce_op());
+    f.work = comm_.reduce_scatter(out, wire, counts, reduce_op());
   }
   in_flight_.push_back(std::move(f));
 }

@@ -326,9 +326,20 @@ void GradReducer::retire_oldest_locked() {
   const auto t0 = std::chrono::steady_clock::now();
   f.work->wait();
   wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (f.wire.defined()) f.wire_into.copy_(f.wire);  // NOTE [wire dtype]
   on_reduced_locked(f);
   if (final_ && on_final_piece_ && f.result.defined() && f.result.numel() > 0)
     on_final_piece_(f.shard_pos, final_piece_locked(f));
+}
+
+at::Tensor GradReducer::on_wire(const at::Tensor& staging, int64_t from, int64_t count,
+                                InFlight& f) {
+  if (!options_.wire_dtype || *options_.wire_dtype == staging.scalar_type()) return staging;
+  while (static_cast<int64_t>(in_flight_.size()) >= kWireCopiesInFlight) retire_oldest_locked();
+  at::Tensor wire = staging.to(*options_.wire_dtype);
+  f.wire = wire.narrow(0, from, count);
+  f.wire_into = staging.narrow(0, from, count);
+  return wire;
 }
 
 void GradReducer::set_on_final_piece(FinalPiece f) {

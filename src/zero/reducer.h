@@ -30,6 +30,14 @@
 // allgather_bucket_size; bucket sizes never change the trajectory, and smaller values are kept
 // as given.
 //
+// NOTE [wire dtype]: communication_data_type other than the training dtype (fp32 reductions of
+// bf16 gradients, the common case): at launch a bucket is copied into that dtype, which is
+// prescaled and reduced; when the reduction is retired this rank's reduced part is copied back
+// into the bucket's own place (rounded once into the training dtype), before anything reads it.
+// At most kWireCopiesInFlight such copies exist: a launch waits for the oldest reduction in
+// flight beyond that. Only the gradients' reductions change: parameters are gathered in the training dtype
+// (DeepSpeed's engine.allreduce_bucket and ZeRO's average_tensor do the same).
+//
 // Threading: hooks run on the autograd thread(s); the bucket state is guarded by a mutex.
 // Reductions run on the communicator's thread; they are waited for ("retired") in launch order.
 #pragma once
@@ -41,6 +49,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,12 +60,15 @@ namespace dscpp::zero {
 
 constexpr int64_t kBucketsPerModel = 16;
 constexpr int64_t kMinBucketCap = int64_t{1} << 20;  // elements
+constexpr int64_t kWireCopiesInFlight = 2;            // NOTE [wire dtype]
 // The bucket size used for a configured size and a model of `numel` trainable elements
 // (NOTE [bucket cap]): min(configured, max(kMinBucketCap, ceil(numel / kBucketsPerModel))).
 int64_t capped_bucket_size(int64_t configured, int64_t numel);
 
 struct ReduceOptions {
   at::ScalarType dtype = at::kFloat;  // of the parameters and gradients in training
+  // communication_data_type, when it differs from `dtype` (NOTE [wire dtype]); unset: `dtype`.
+  std::optional<at::ScalarType> wire_dtype;
   // Elements per bucket (DeepSpeed's unit), used as given: the engine applies the cap.
   int64_t reduce_bucket_size = 500000000;
   bool prescale_gradients = false;
@@ -154,6 +166,10 @@ class GradReducer {
     at::Tensor result;      // this rank's part of the bucket (a view of `staging`), or undefined
     int64_t shard_pos = 0;  // where `result` lands in this rank's gradient shard
     int slot = -1;          // the staging slot to free, or -1
+    // NOTE [wire dtype]: the reduced part in the wire's dtype, copied into `wire_into` (in the
+    // training dtype) when the reduction is retired; both undefined without a wire copy.
+    at::Tensor wire;
+    at::Tensor wire_into;
   };
 
   // `params`: the trainable parameters, distinct, on one device, already views into their
@@ -194,6 +210,10 @@ class GradReducer {
   // After finish_backward waited for everything, unlocked.
   virtual void after_finish() {}
 
+  // What goes on the wire for `staging` (NOTE [wire dtype]): `staging` itself, or a copy in the
+  // wire dtype, whose reduced [from, from + count) f copies back into staging's when retired.
+  // Call under the lock, before pushing f.
+  at::Tensor on_wire(const at::Tensor& staging, int64_t from, int64_t count, InFlight& f);
   // Waits for the oldest reduction in flight, then on_reduced_locked and release_slot_locked
   // (the slot is released even when the wait throws).
   void retire_oldest_locked();

@@ -31,7 +31,7 @@ TEST(CheckSupported, TheDefaultsAndEveryImplementedSettingPass) {
   EXPECT_TRUE(check("").empty());
   EXPECT_TRUE(check(R"(, "zero_optimization": {"stage": 2, "overlap_comm": true,
       "reduce_bucket_size": 1000, "contiguous_gradients": false}, "bf16": {"enabled": true},
-      "gradient_clipping": 1.0, "communication_data_type": "bf16",
+      "gradient_clipping": 1.0, "communication_data_type": "fp32",
       "activation_checkpointing": {"partition_activations": false},
       "checkpoint": {"tag_validation": "Warn"}, "tensorboard": {"enabled": false})")
                   .empty());
@@ -69,7 +69,6 @@ TEST(CheckSupported, SettingsThatWouldChangeTrainingOrMemoryAreRefusedByName) {
            {R"(, "fp16": {"enabled": true, "auto_cast": true})", "fp16.auto_cast"},
            {R"(, "fp16": {"enabled": true, "initial_scale_power": 2, "min_loss_scale": 8})",
             "(2^fp16.initial_scale_power) is below fp16.min_loss_scale=8"},
-           {R"(, "communication_data_type": "fp16")", "communication_data_type \"fp16\""},
            {R"(, "activation_checkpointing": {"partition_activations": true})",
             "activation_checkpointing.partition_activations"},
            {R"(, "activation_checkpointing": {"cpu_checkpointing": true})",

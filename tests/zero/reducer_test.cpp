@@ -29,7 +29,7 @@ std::unique_ptr<zero::GradReducer> make_reducer(torch::nn::Module& module, Commu
                                                 int stage, const zero::ReduceOptions& o) {
   zero::NamedParams np = zero::trainable_parameters(module);
   auto layout = zero::FlatLayout::of(np.params, c.world_size());
-  zero::flatten_parameters(np.params, np.names, layout, at::kFloat);
+  zero::flatten_parameters(np.params, np.names, layout, o.dtype);
   if (stage == 0) {
     return std::make_unique<zero::AllReduceReducer>(np.params, np.names, layout.segments,
                                                     layout.padded, c, o);
@@ -220,6 +220,75 @@ TEST(ZeroReducer, Stage2SlotsTakeTheFirstGradientAndZeroAnUnusedPlace) {
     }
   });
   for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+}
+
+// NOTE [wire dtype]: with communication_data_type fp32, bf16 gradients are reduced in fp32 and
+// rounded once, which across hosts (Gloo sums bf16 in bf16, host by host) differs from reducing
+// them in bf16. Three hosts of one rank, each rank's gradients multiples of 1/64 (exact in bf16,
+// their sums exact in fp32): with the fp32 wire every stage's reduced gradient is the fp32 mean
+// rounded to bf16 exactly; with the bf16 wire it is not (the test's power), two buckets each.
+TEST(ZeroReducer, AWireDtypeOfItsOwnReducesInIt) {
+  struct TwoVectors : torch::nn::Module {
+    TwoVectors() {
+      w = register_parameter("w", at::zeros({300}));
+      v = register_parameter("v", at::zeros({150}));
+    }
+    at::Tensor w, v;
+  };
+  constexpr int kWorld = 3;
+  auto gradient = [](int rank, int64_t n, int which) {
+    at::Tensor k = (at::arange(n, at::kLong) * (37 + 11 * rank) + 13 * which) % 512 - 256;
+    return (k.to(at::kFloat) / 64).to(at::kBFloat16);
+  };
+  // The reference: the mean over ranks in fp32, rounded once; this rank's gradient of it.
+  auto mean = [&](int64_t n, int which) {
+    at::Tensor sum = at::zeros({n});
+    for (int r = 0; r < kWorld; ++r) sum += gradient(r, n, which).to(at::kFloat);
+    return (sum / kWorld).to(at::kBFloat16);
+  };
+  for (bool fp32_wire : {true, false}) {
+    std::vector<int64_t> mismatched(kWorld, 0);
+    auto errors = testing::run_thread_ranks_with(
+        testing::on_hosts(1), kWorld, [&](Communicator& c) {
+          for (int stage : {0, 1, 2}) {
+            TwoVectors net;
+            zero::ReduceOptions o;
+            o.dtype = at::kBFloat16;
+            if (fp32_wire) o.wire_dtype = at::kFloat;
+            o.reduce_bucket_size = 150;  // w and v in a bucket each
+            auto reducer = make_reducer(net, c, stage, o);
+            at::Tensor loss = (net.w * gradient(c.rank(), 300, 0)).sum() +
+                              (net.v * gradient(c.rank(), 150, 1)).sum();
+            reducer->prepare_backward(true, loss);
+            loss.backward();
+            reducer->finish_backward();
+            const at::Tensor want = at::cat({mean(300, 0), mean(150, 1)});
+            at::Tensor got;
+            if (stage == 0) {
+              got = at::cat({net.w.grad(), net.v.grad()});
+            } else {
+              const int64_t shard = 450 / kWorld;
+              got = stage == 1 ? dynamic_cast<zero::InPlaceReducer&>(*reducer).grad_shard()
+                               : dynamic_cast<zero::SlotReducer&>(*reducer).grad_shard();
+              got = got.narrow(0, 0, shard);
+              ASSERT_EQ(got.scalar_type(), at::kBFloat16);
+              mismatched[c.rank()] +=
+                  got.ne(want.narrow(0, c.rank() * shard, shard)).sum().item<int64_t>();
+              continue;
+            }
+            ASSERT_EQ(got.scalar_type(), at::kBFloat16);
+            mismatched[c.rank()] += got.ne(want).sum().item<int64_t>();
+          }
+        });
+    for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+    for (int r = 0; r < kWorld; ++r) {
+      if (fp32_wire) {
+        EXPECT_EQ(mismatched[r], 0) << "rank " << r;
+      } else {
+        EXPECT_GT(mismatched[r], 10) << "rank " << r << ": bf16 sums round as fp32's";
+      }
+    }
+  }
 }
 
 }  // namespace
