@@ -347,6 +347,10 @@ struct ZeroConfig {
   // Stage 3: parameter elements fetched ahead of use. Default 5e7. >= 0 (0: no prefetch).
   // Alias: prefetch_bucket_size.
   int64_t stage3_prefetch_bucket_size = 50000000;
+  // Stage 3: DeepSpeed all-gathers parameters one at a time and sets the prefetch bucket size
+  // to 1 (one unit ahead in dscpp, whose gathers stay one per unit: the same values and peak).
+  // Default false. Alias: allgather_sequential.
+  bool stage3_allgather_sequential = false;
   // Stage 3: parameters with fewer elements stay whole on every rank. Default 1e5. >= 0.
   // Alias: param_persistence_threshold.
   int64_t stage3_param_persistence_threshold = 100000;

@@ -504,6 +504,8 @@ const Keys<ZeroConfig>& zero_keys() {
           .key("ignore_unused_parameters", &Z::ignore_unused_parameters)
           .key("stage3_prefetch_bucket_size", &Z::stage3_prefetch_bucket_size, at_least<int64_t>(0),
                zero_stage3, "prefetch_bucket_size")
+          .key("stage3_allgather_sequential", &Z::stage3_allgather_sequential, {}, zero_stage3,
+               "allgather_sequential")
           .key("stage3_param_persistence_threshold", &Z::stage3_param_persistence_threshold,
                at_least<int64_t>(0), zero_stage3, "param_persistence_threshold")
           .key("stage3_max_live_parameters", &Z::stage3_max_live_parameters, at_least<int64_t>(0),
@@ -532,6 +534,15 @@ void parse_zero(JsonReader& root, ZeroConfig* z) {
         (r.notes().origins && r.notes().origins->count(r.path("overlap_comm")) ? "auto -> " : "") +
             std::string("default for stage ") + std::to_string(z->stage));
   zero_keys().read(r, *z);
+  // DeepSpeed's stage 3 with allgather_sequential prefetches a bucket of one element.
+  if (z->stage == 3 && z->stage3_allgather_sequential && z->stage3_prefetch_bucket_size != 1) {
+    if (r.has("stage3_prefetch_bucket_size") || r.has("prefetch_bucket_size"))
+      r.notes().warn(r.path("stage3_prefetch_bucket_size") + " " +
+                     std::to_string(z->stage3_prefetch_bucket_size) +
+                     " is replaced by 1: allgather_sequential sets it (as in DeepSpeed)");
+    z->stage3_prefetch_bucket_size = 1;
+    r.notes().set_origin(r.path("stage3_prefetch_bucket_size"), "1 by allgather_sequential");
+  }
   const bool gather_given = r.get_aliased("stage3_gather_16bit_weights_on_model_save",
                                           "gather_16bit_weights_on_model_save",
                                           &z->stage3_gather_16bit_weights_on_model_save);

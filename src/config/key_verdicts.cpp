@@ -25,9 +25,6 @@ constexpr std::string_view kModuleGranularity =
 constexpr std::string_view kFetchByAllReduce =
     "it gathers parameters with an all-reduce instead of an all-gather; the parameters are the "
     "same";
-constexpr std::string_view kSequentialGather =
-    "it all-gathers a unit's parameters one by one instead of in one bucket; dscpp gathers a "
-    "unit's shards with one all-gather, and the parameters are the same";
 
 const std::vector<KeyVerdict> kKeyVerdicts = {
     // ----- the top level
@@ -164,8 +161,6 @@ const std::vector<KeyVerdict> kKeyVerdicts = {
      "false skips the gradient norm where nothing clips (DeepSpeed: stages 1-2, "
      "gradient_clipping 0); dscpp computes it anyway for its step line",
      ""},
-    {"zero_optimization.stage3_allgather_sequential", N, "[false]", kSequentialGather, ""},
-    {"zero_optimization.allgather_sequential", N, "[false]", kSequentialGather, ""},
     {"zero_optimization.parameter_alignment", N, "[false]",
      "it pads stage 1-2's flat buffers so every parameter starts 16-byte aligned; dscpp's "
      "buffers are laid out by its own rule (NOTE [flat partition] in src/zero/stage1_2.cpp)",

@@ -652,7 +652,7 @@ TEST(ConfigVerdicts, EachClassActsAsItSays) {
         << removed;
   // Observes / no effect: a warning that says so; unused: nothing.
   c = Config::parse(R"({"memory_breakdown": true, "disable_python_gc": true,
-      "pipeline": {"stages": 2}, "zero_optimization": {"stage3_allgather_sequential": true}})");
+      "pipeline": {"stages": 2}, "zero_optimization": {"parameter_alignment": true}})");
   EXPECT_TRUE(has_warning(c, "memory_breakdown boolean true: it prints memory use"));
   EXPECT_TRUE(has_warning(c, "nothing more is observed, training is unchanged"));
   EXPECT_TRUE(has_warning(c,
@@ -661,7 +661,7 @@ TEST(ConfigVerdicts, EachClassActsAsItSays) {
                           "unchanged"));
   EXPECT_TRUE(has_warning(c, "pipeline object {\"stages\":2} has no effect in dscpp"));
   EXPECT_TRUE(has_warning(c,
-                          "zero_optimization.stage3_allgather_sequential boolean true has no "
+                          "zero_optimization.parameter_alignment boolean true has no "
                           "effect"));
   EXPECT_EQ(c.warnings.size(), 4u) << join(c.warnings, "\n");
   // A section only verdicts name is still checked for unknown keys.
@@ -989,6 +989,18 @@ TEST(ConfigZero, PydanticAliasesAndDeprecatedNames) {
                             "stage3_prefetch_bucket_size": 2}})"),
             "zero_optimization.stage3_prefetch_bucket_size: 'stage3_prefetch_bucket_size' and its "
             "alias 'prefetch_bucket_size' are both given. HINT: keep one of them");
+  // allgather_sequential: DeepSpeed's stage 3 then prefetches a bucket of one element.
+  c = Config::parse(R"({"zero_optimization": {"stage": 3, "allgather_sequential": true}})");
+  EXPECT_TRUE(c.zero_optimization.stage3_allgather_sequential);
+  EXPECT_EQ(c.zero_optimization.stage3_prefetch_bucket_size, 1);
+  EXPECT_TRUE(c.warnings.empty()) << join(c.warnings, "\n");
+  c = Config::parse(R"({"zero_optimization": {"stage": 3, "stage3_allgather_sequential": true,
+      "stage3_prefetch_bucket_size": 1000}})");
+  EXPECT_EQ(c.zero_optimization.stage3_prefetch_bucket_size, 1);
+  EXPECT_TRUE(has_warning(c, "zero_optimization.stage3_prefetch_bucket_size 1000 is replaced by "
+                             "1: allgather_sequential sets it (as in DeepSpeed)"));
+  c = Config::parse(R"({"zero_optimization": {"stage": 2, "allgather_sequential": true}})");
+  EXPECT_EQ(c.zero_optimization.stage3_prefetch_bucket_size, 50000000);
   c = Config::parse(R"({"zero_optimization": {"stage": 3,
       "stage3_gather_fp16_weights_on_model_save": true}})");
   EXPECT_TRUE(c.zero_optimization.stage3_gather_16bit_weights_on_model_save);

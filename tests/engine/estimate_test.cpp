@@ -121,6 +121,8 @@ TEST(Estimate, GatheredUnitsReplayStageThreesSchedule) {
       {"", 4},  // the defaults: every block, and wte, from forward to backward
       {", \"stage3_max_reuse_distance\": 0, \"stage3_prefetch_bucket_size\": 0", 1},
       {", \"stage3_max_reuse_distance\": 0", 2},
+      // DeepSpeed's allgather_sequential: a prefetch bucket of one element (one unit ahead).
+      {", \"stage3_max_reuse_distance\": 0, \"allgather_sequential\": true", 1},
       {", \"stage3_max_live_parameters\": " + std::to_string(2 * block), 1},
   };
   for (const auto& k : cases) {
