@@ -418,6 +418,15 @@ struct CheckpointWriterConfig {
   int64_t io_multiplier = 1;     // FastPersist's I/O multiplier; other than 1 is refused
 };
 
+// activation_checkpointing: DeepSpeed's settings of its checkpointing module, here of
+// zero::checkpoint (include/dscpp/zero.h). The section's other keys are verdicts (docs/config.md).
+struct ActivationCheckpointingConfig {
+  // A checkpointed unit's inputs, kept for its recomputation in backward, are kept in host memory
+  // (copied back for the recomputation); nothing changes for a model in host memory. Default
+  // false.
+  bool cpu_checkpointing = false;
+};
+
 struct CheckpointConfig {
   // What to do when ranks save under different tags: "Ignore", "Warn" (default) or "Fail";
   // matched case-insensitively, stored in this spelling.
@@ -562,6 +571,7 @@ struct Config {
   ZeroConfig zero_optimization;
   AioConfig aio;
   CheckpointConfig checkpoint;
+  ActivationCheckpointingConfig activation_checkpointing;
   ElasticityConfig elasticity;
   CommsLoggerConfig comms_logger;
   FlopsProfilerConfig flops_profiler;

@@ -671,6 +671,13 @@ void parse_aio(JsonReader& root, AioConfig* a) {
   r.finish();
 }
 
+void parse_activation_checkpointing(JsonReader& root, ActivationCheckpointingConfig* a) {
+  JsonReader r = root.child("activation_checkpointing");
+  r.get("cpu_checkpointing", &a->cpu_checkpointing);
+  r.read_not_honoured();
+  r.finish();
+}
+
 void parse_checkpoint(JsonReader& root, CheckpointConfig* c) {
   JsonReader r = root.child("checkpoint");
   std::string mode = c->tag_validation;
@@ -882,6 +889,7 @@ void parse_root(const json& j, Config* c, std::vector<std::string>* read = nullp
                "and written with direct I/O. HINT: remove it (1048576, DeepSpeed's default) or "
                "use another multiple of 4096");
   parse_checkpoint(r, &c->checkpoint);
+  parse_activation_checkpointing(r, &c->activation_checkpointing);
   if (r.has("elasticity"))
     notes.note(
         "elasticity: DeepSpeed 0.19.8 removed elastic training and refuses this section; "
@@ -1208,6 +1216,8 @@ std::string Config::describe() const {
   if (zero_optimization.offload_optimizer.device == "nvme" ||
       zero_optimization.offload_param.device == "nvme")
     aio_keys().describe(d, "aio.", aio);
+  if (activation_checkpointing.cpu_checkpointing)
+    d.line("activation_checkpointing.cpu_checkpointing", true);
   d.str("checkpoint.tag_validation", checkpoint.tag_validation);
   if (checkpoint.writer.given) {
     const CheckpointWriterConfig& w = checkpoint.writer;

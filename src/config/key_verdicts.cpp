@@ -227,13 +227,10 @@ const std::vector<KeyVerdict> kKeyVerdicts = {
     // ----- activation_checkpointing: DeepSpeed's deepspeed.checkpointing module, which a model
     // calls itself; dscpp's checkpointed activations are zero::checkpoint's (a unit recomputed
     // in backward), kept whole where the model runs
-    {"activation_checkpointing.partition_activations", R, "[false]",
-     "it partitions checkpointed activations across the model-parallel ranks; dscpp has no "
-     "model parallelism and does not split them",
-     "remove it or set false"},
-    {"activation_checkpointing.cpu_checkpointing", R, "[false]",
-     "it moves checkpointed activations to CPU memory; dscpp keeps them where the model runs",
-     "remove it or set false"},
+    {"activation_checkpointing.partition_activations", N, "[false]",
+     "it splits each checkpointed activation across the model-parallel ranks; without model "
+     "parallelism (dscpp has none) DeepSpeed's part is the whole tensor, as dscpp keeps it",
+     ""},
     {"activation_checkpointing.contiguous_memory_optimization", R, "[false]",
      "it copies checkpointed activations into one preallocated buffer; dscpp does not",
      "remove it or set false"},

@@ -129,6 +129,11 @@ std::vector<std::string> check_supported(const Config& c, const SupportContext& 
         "speeds up copies between host memory and a GPU (offload_param.device \"cpu\" with a "
         "model on a GPU); here it changes nothing");
   }
+  if (c.activation_checkpointing.cpu_checkpointing && ctx.device == "cpu") {
+    warnings.push_back(
+        "activation_checkpointing.cpu_checkpointing has no effect with a model in host memory: "
+        "the inputs zero::checkpoint keeps are in host memory already; training is unchanged");
+  }
   if (z.stage3_gather_16bit_weights_on_model_save) {
     warnings.push_back(
         "zero_optimization.stage3_gather_16bit_weights_on_model_save is not implemented yet and "

@@ -25,6 +25,7 @@
 #include "zero/presharded.h"
 #include "zero/reducer.h"
 #include "zero/stage3.h"
+#include "zero/unit_functions.h"
 #include "zero/unit_policy.h"
 
 namespace dscpp::engine {
@@ -61,6 +62,8 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> model, Config config, 
                          device_link_ != nullptr};
   std::vector<std::string> ignored = check_supported(config_, support);
   check_optimizer_sources();
+  // DeepSpeed's engine configures its checkpointing module the same way, process-wide.
+  zero::set_cpu_checkpointing(config_.activation_checkpointing.cpu_checkpointing);
   if (!comm_) comm_ = comm::init_from_env(comm::CommOptions::from_config(&config_));
   if (comm_->rank() == 0) {
     for (const auto& w : ignored) DSCPP_LOG_WARN("{}", w);

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/module.h>
 
+#include <atomic>
 #include <mutex>
 #include <unordered_map>
 
@@ -124,6 +125,15 @@ template struct UnitBoundary<UnitSide::kInputs>;
 
 namespace {
 
+std::atomic<bool> g_cpu_checkpointing{false};
+
+}  // namespace
+
+void set_cpu_checkpointing(bool on) { g_cpu_checkpointing = on; }
+bool cpu_checkpointing() { return g_cpu_checkpointing; }
+
+namespace {
+
 // Keeps a checkpointed unit's fn (and module) alive in its autograd node until backward.
 struct FnHolder : torch::CustomClassHolder {
   std::shared_ptr<detail::UnitFn> fn;
@@ -146,7 +156,27 @@ torch::autograd::variable_list CheckpointFn::forward(torch::autograd::AutogradCo
   // The last input is a scalar that requires grad, so the node exists even when no real input
   // does (a unit fed token ids): its parameters' gradients come from the recomputation.
   torch::autograd::variable_list in = inputs.slice(0, inputs.size() - 1).vec();
-  ctx->save_for_backward(in);
+  // cpu_checkpointing: an input on a device is kept as a copy in pinned host memory (the copy
+  // is ordered on the device's stream before anything that could reuse the input's memory).
+  torch::autograd::variable_list kept;
+  c10::List<bool> requires_grad;
+  c10::List<std::string> device;  // where each input goes back to; "" for one kept as it was
+  const bool to_host = cpu_checkpointing();
+  for (const auto& t : in) {
+    requires_grad.push_back(t.defined() && t.requires_grad());
+    if (to_host && t.defined() && !t.is_cpu()) {
+      at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
+      host.copy_(t.detach(), /*non_blocking=*/true);
+      kept.push_back(host);
+      device.push_back(t.device().str());
+    } else {
+      kept.push_back(t);
+      device.push_back("");
+    }
+  }
+  ctx->save_for_backward(kept);
+  ctx->saved_data["requires_grad"] = requires_grad;
+  ctx->saved_data["device"] = device;
   at::NoGradGuard no_grad;  // forward keeps no activations (Function::apply runs us without grad)
   return (*fn)(in);
 }
@@ -161,10 +191,14 @@ torch::autograd::variable_list CheckpointFn::backward(torch::autograd::AutogradC
   // Recompute with autograd on, from detached copies of the inputs, then backpropagate through
   // the recomputation: the parameters' gradients accumulate as usual, the inputs' are returned.
   torch::autograd::variable_list saved = ctx->get_saved_variables();
+  const c10::List<bool> requires_grad = ctx->saved_data["requires_grad"].toBoolList();
+  const auto device = ctx->saved_data["device"].toList();
   torch::autograd::variable_list inputs;
-  for (const auto& t : saved) {
-    at::Tensor d = t.detach();
-    if (t.requires_grad()) d.requires_grad_(true);
+  for (size_t i = 0; i < saved.size(); ++i) {
+    at::Tensor d = saved[i].detach();
+    const std::string where = device.get(i).toStringRef();
+    if (!where.empty()) d = d.to(c10::Device(where), /*non_blocking=*/true);
+    if (requires_grad.get(i)) d.requires_grad_(true);
     inputs.push_back(d);
   }
   torch::autograd::variable_list outputs;

@@ -54,8 +54,16 @@ struct UnitBoundary : public torch::autograd::Function<UnitBoundary<kSide>> {
 using UnitOutputs = UnitBoundary<UnitSide::kOutputs>;
 using UnitInputs = UnitBoundary<UnitSide::kInputs>;
 
+// activation_checkpointing.cpu_checkpointing, process-wide as DeepSpeed's checkpointing module
+// (its engine configures it; dscpp's engine calls this at initialize()): checkpointed units'
+// inputs on a device are kept in host memory until backward.
+void set_cpu_checkpointing(bool on);
+bool cpu_checkpointing();
+
 // zero::checkpoint: forward runs fn without keeping activations; backward (gathers the unit at
-// stage 3 and) runs fn again with autograd on and backpropagates through it.
+// stage 3 and) runs fn again with autograd on and backpropagates through it. With
+// cpu_checkpointing the inputs it keeps for that are copied to pinned host memory in forward
+// and back to their device in backward.
 struct CheckpointFn : public torch::autograd::Function<CheckpointFn> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 at::TensorList inputs,

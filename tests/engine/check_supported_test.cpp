@@ -69,10 +69,6 @@ TEST(CheckSupported, SettingsThatWouldChangeTrainingOrMemoryAreRefusedByName) {
            {R"(, "fp16": {"enabled": true, "auto_cast": true})", "fp16.auto_cast"},
            {R"(, "fp16": {"enabled": true, "initial_scale_power": 2, "min_loss_scale": 8})",
             "(2^fp16.initial_scale_power) is below fp16.min_loss_scale=8"},
-           {R"(, "activation_checkpointing": {"partition_activations": true})",
-            "activation_checkpointing.partition_activations"},
-           {R"(, "activation_checkpointing": {"cpu_checkpointing": true})",
-            "activation_checkpointing.cpu_checkpointing"},
            {R"(, "activation_checkpointing": {"contiguous_memory_optimization": true})",
             "contiguous_memory_optimization"},
            {R"(, "activation_checkpointing": {"number_checkpoints": 4})", "number_checkpoints"},
@@ -147,6 +143,23 @@ TEST(CheckSupported, CheckpointWriterIsHonouredOrWarns) {
 
 // overlap_comm false at stage 0, whose all-reduces always overlap, is said to change nothing; at
 // stage 1 it is honoured.
+// cpu_checkpointing moves zero::checkpoint's inputs from a device to host memory
+// (ZeroCheckpoint.CpuCheckpointingKeepsADeviceUnitsInputsInHostMemory): for a model in host
+// memory it changes nothing and says so.
+TEST(CheckSupported, CpuCheckpointingWithAModelInHostMemoryIsAWarning) {
+  const std::string on = R"(, "activation_checkpointing": {"cpu_checkpointing": true})";
+  auto w = check(on);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find("activation_checkpointing.cpu_checkpointing has no effect with a model in "
+                      "host memory"),
+            std::string::npos)
+      << w[0];
+  SupportContext cuda;
+  cuda.model_on_device = true;
+  cuda.device = "cuda:0";
+  EXPECT_TRUE(check(on, cuda).empty());
+}
+
 TEST(CheckSupported, OverlapCommFalseAtStageZeroIsAWarning) {
   auto w = check(R"(, "zero_optimization": {"stage": 0, "overlap_comm": false})");
   ASSERT_EQ(w.size(), 1u);

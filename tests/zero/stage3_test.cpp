@@ -325,6 +325,37 @@ TEST(EngineZero3, CheckpointBelowStage3IsExact) {
   }
 }
 
+// activation_checkpointing.cpu_checkpointing: zero::checkpoint keeps a CUDA unit's input in
+// (pinned) host memory until backward, and the gradients are those of keeping it on the GPU.
+// Runs where a GPU is (scripts/device_check.sh); a model in host memory is said to change
+// nothing (CheckSupported.CpuCheckpointingWithAModelInHostMemoryIsAWarning).
+TEST(ZeroCheckpoint, CpuCheckpointingKeepsADeviceUnitsInputsInHostMemory) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  torch::nn::Linear lin(16, 16);
+  lin->to(at::kCUDA);
+  const at::Tensor x0 = at::randn({4, 16}, at::kCUDA);
+  auto run = [&](bool to_host) {
+    zero::set_cpu_checkpointing(to_host);
+    lin->zero_grad();
+    at::Tensor x = x0.clone().requires_grad_(true);
+    at::Tensor y =
+        zero::checkpoint(*lin, [lin](const at::Tensor& in) mutable { return lin->forward(in).relu(); }, x);
+    auto* node = dynamic_cast<torch::autograd::CppNode<zero::CheckpointFn>*>(y.grad_fn().get());
+    EXPECT_NE(node, nullptr);
+    if (node) {
+      const auto kept = node->ctx_.get_saved_variables();
+      EXPECT_EQ(kept.at(0).is_cpu(), to_host);
+      if (to_host) EXPECT_TRUE(kept.at(0).is_pinned());
+    }
+    y.pow(2).sum().backward();
+    zero::set_cpu_checkpointing(false);
+    return std::make_pair(x.grad().cpu(), lin->weight.grad().cpu());
+  };
+  const auto on_gpu = run(false), on_host = run(true);
+  EXPECT_TRUE(at::equal(on_host.first, on_gpu.first));
+  EXPECT_TRUE(at::equal(on_host.second, on_gpu.second));
+}
+
 // bf16 at stage 3 matches bf16 at stage 2 as the mixed-precision tests hold stages to each other.
 TEST(EngineZero3, Bf16MatchesStage2) {
   const std::string bf16 = ", \"bf16\": {\"enabled\": true}";
