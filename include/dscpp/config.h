@@ -427,6 +427,16 @@ struct ActivationCheckpointingConfig {
   bool cpu_checkpointing = false;
 };
 
+// data_types (the section's other keys are verdicts, docs/config.md).
+struct DataTypesConfig {
+  // The dtype gradients accumulate in: "fp32", "fp16" or "bf16" (DeepSpeed's spellings, such
+  // as "float32" or "torch.bfloat16", are read as these); unset: the training dtype. DeepSpeed
+  // 0.19.8 acts on it at ZeRO stage 1 with bf16 and "fp32" (its BF16 optimizer: fp32 gradient
+  // accumulation), and refuses a dtype other than the training one at stage 0; dscpp does both,
+  // and check_supported says where else it has no effect.
+  std::optional<std::string> grad_accum_dtype;
+};
+
 struct CheckpointConfig {
   // What to do when ranks save under different tags: "Ignore", "Warn" (default) or "Fail";
   // matched case-insensitively, stored in this spelling.
@@ -572,6 +582,7 @@ struct Config {
   AioConfig aio;
   CheckpointConfig checkpoint;
   ActivationCheckpointingConfig activation_checkpointing;
+  DataTypesConfig data_types;
   ElasticityConfig elasticity;
   CommsLoggerConfig comms_logger;
   FlopsProfilerConfig flops_profiler;

@@ -6,6 +6,7 @@
 // batch.cpp.
 #include "dscpp/config.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
@@ -678,6 +679,29 @@ void parse_activation_checkpointing(JsonReader& root, ActivationCheckpointingCon
   r.finish();
 }
 
+void parse_data_types(JsonReader& root, DataTypesConfig* d) {
+  JsonReader r = root.child("data_types");
+  // DeepSpeed's DtypeEnum spellings (exact case); int8 is one too, for no gradient.
+  if (r.get("grad_accum_dtype", &d->grad_accum_dtype) && d->grad_accum_dtype) {
+    static const std::vector<std::pair<std::string, std::vector<std::string>>> kNames = {
+        {"fp32", {"fp32", "float32", "float", "torch.float32"}},
+        {"fp16", {"fp16", "float16", "half", "torch.float16"}},
+        {"bf16", {"bf16", "bfloat16", "torch.bfloat16"}}};
+    std::string canonical;
+    for (const auto& [name, spellings] : kNames) {
+      if (std::find(spellings.begin(), spellings.end(), *d->grad_accum_dtype) != spellings.end())
+        canonical = name;
+    }
+    if (canonical.empty())
+      r.fail("grad_accum_dtype", "must be fp32, fp16 or bf16 (or DeepSpeed's other spellings of "
+                                 "them, such as float32 or torch.bfloat16), got \"" +
+                                     *d->grad_accum_dtype + "\"");
+    d->grad_accum_dtype = canonical;
+  }
+  r.read_not_honoured();
+  r.finish();
+}
+
 void parse_checkpoint(JsonReader& root, CheckpointConfig* c) {
   JsonReader r = root.child("checkpoint");
   std::string mode = c->tag_validation;
@@ -890,6 +914,7 @@ void parse_root(const json& j, Config* c, std::vector<std::string>* read = nullp
                "use another multiple of 4096");
   parse_checkpoint(r, &c->checkpoint);
   parse_activation_checkpointing(r, &c->activation_checkpointing);
+  parse_data_types(r, &c->data_types);
   if (r.has("elasticity"))
     notes.note(
         "elasticity: DeepSpeed 0.19.8 removed elastic training and refuses this section; "
@@ -1216,6 +1241,7 @@ std::string Config::describe() const {
   if (zero_optimization.offload_optimizer.device == "nvme" ||
       zero_optimization.offload_param.device == "nvme")
     aio_keys().describe(d, "aio.", aio);
+  if (data_types.grad_accum_dtype) d.str("data_types.grad_accum_dtype", *data_types.grad_accum_dtype);
   if (activation_checkpointing.cpu_checkpointing)
     d.line("activation_checkpointing.cpu_checkpointing", true);
   d.str("checkpoint.tag_validation", checkpoint.tag_validation);

@@ -124,10 +124,6 @@ const std::vector<KeyVerdict> kKeyVerdicts = {
      "torch.autocast runs the forward in a lower precision with fp32 weights; dscpp does not "
      "implement it yet",
      "set torch_autocast.enabled to false, or use bf16 (bf16 weights, fp32 master weights)"},
-    {"data_types.grad_accum_dtype", R, "[null]",
-     "it sets the dtype gradients accumulate in; dscpp accumulates in the training dtype (fp32 "
-     "with fp32, bf16 with bf16 unless a bf16 step fuses it)",
-     "remove it"},
     {"data_types.param_dtype", U, "",
      "DeepSpeed only asserts that it matches fp16/bf16.enabled; the precision sections decide", ""},
     {"data_types.buffer_dtype", R, "[null]",

@@ -57,6 +57,32 @@ std::vector<std::string> check_supported(const Config& c, const SupportContext& 
               "fp16.auto_cast is not implemented: dscpp does not cast the model's inputs. HINT: "
               "set fp16.auto_cast to false and pass inputs in fp16 (or integer token ids)");
 
+  // data_types.grad_accum_dtype as DeepSpeed 0.19.8 reads it (engine._do_optimizer_sanity_check):
+  // stage 0 refuses a dtype other than the training one; stage 1 with bf16 and fp32 takes its
+  // BF16 optimizer (fp32 accumulation, without offload: only offload_optimizer cpu sends it to
+  // the ZeRO optimizer instead); its ZeRO optimizer never reads the key.
+  if (c.data_types.grad_accum_dtype && *c.data_types.grad_accum_dtype != dtype) {
+    const std::string& acc = *c.data_types.grad_accum_dtype;
+    const bool bf16_optimizer = stage == 1 && c.bf16.enabled && acc == "fp32";
+    DSCPP_CHECK(stage != 0, ConfigError, "data_types.grad_accum_dtype \"", acc, "\" with ", dtype,
+                " training at ZeRO stage 0 is a mix DeepSpeed refuses (\"unsupported mix of "
+                "model_dtype and grad_accum_dtype\"), and so does dscpp. HINT: remove it, or use "
+                "ZeRO stage 1 with bf16 and \"fp32\" for fp32 gradient accumulation");
+    DSCPP_CHECK(!(bf16_optimizer && z.offload_optimizer.device == "nvme"), ConfigError,
+                "data_types.grad_accum_dtype \"fp32\" with offload_optimizer.device \"nvme\" "
+                "at stage 1 is not implemented: DeepSpeed's BF16 optimizer, which it selects, "
+                "does not offload, and dscpp's fp32 accumulation is in memory. HINT: remove one");
+    if (!bf16_optimizer || z.offload_optimizer.device == "cpu") {
+      warnings.push_back(
+          "data_types.grad_accum_dtype \"" + acc + "\" has no effect at ZeRO stage " +
+          std::to_string(stage) + " with " + dtype +
+          (z.offload_optimizer.device == "cpu" ? " and offload_optimizer cpu" : "") +
+          ": DeepSpeed 0.19.8 acts on it only at stage 1 with bf16 and \"fp32\" (its BF16 "
+          "optimizer); its ZeRO optimizer accumulates gradients in the training dtype, as "
+          "dscpp does here");
+    }
+  }
+
   // ZeRO++'s quantization (NOTE [block-wise quantization]) runs on the CPU only.
   for (const auto& [key, on] :
        {std::pair<const char*, bool>{"zero_quantized_weights", z.zero_quantized_weights},

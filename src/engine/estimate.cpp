@@ -95,6 +95,13 @@ at::ScalarType communication_dtype(const Config& config) {
   return t == "fp32" ? at::kFloat : t == "bf16" ? at::kBFloat16 : at::kHalf;
 }
 
+at::ScalarType gradient_dtype(const Config& config, int stage) {
+  const bool fp32_accumulation = stage == 1 && config.bf16.enabled &&
+                                 config.data_types.grad_accum_dtype == "fp32" &&
+                                 config.zero_optimization.offload_optimizer.device == "none";
+  return fp32_accumulation ? at::kFloat : training_dtype(config);
+}
+
 ConfiguredBatch configured_batch(const Config& config, int world) {
   if (!config.train_batch_size && !config.train_micro_batch_size_per_gpu &&
       !config.gradient_accumulation_steps && !config.elasticity.enabled) {
@@ -148,7 +155,8 @@ Estimate estimate(const EstimateInput& in, const Config& c, int stage,
   const int64_t states = (probe ? static_cast<int64_t>(probe->state_names().size()) : 0) +
                          (c.optimizer.type == "Muon" ? 1 : 0);
   e.params = (stage == 3 ? part : psi) * b;
-  e.grads = (stage >= 2 ? part : psi) * b;
+  e.grads = (stage >= 2 ? part : psi) *
+            static_cast<int64_t>(c10::elementSize(gradient_dtype(c, stage)));
   const auto& op = c.zero_optimization.offload_param;
   const int64_t shard = (in.largest_unit + in.world - 1) / in.world;
   // A GPU model's shards off the device go up for their gathers, buffer_count at most ahead
@@ -266,7 +274,7 @@ Estimate estimate(const EstimateInput& in, const Config& c, int stage,
     e.staging = (overlap ? 2 : 1) * bucket * b;
   }
   // A communication dtype of its own: the copies of the buckets in flight (NOTE [wire dtype]).
-  if (communication_dtype(c) != training_dtype(c)) {
+  if (communication_dtype(c) != gradient_dtype(c, stage)) {
     e.staging += zero::kWireCopiesInFlight * bucket *
                  static_cast<int64_t>(c10::elementSize(communication_dtype(c)));
   }

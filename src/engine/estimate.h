@@ -144,6 +144,10 @@ struct Estimate {
 // (communication_data_type; unset: the training dtype).
 at::ScalarType training_dtype(const Config& config);
 at::ScalarType communication_dtype(const Config& config);
+// The dtype the gradients accumulate in at `stage`: fp32 at stage 1 in bf16 with
+// data_types.grad_accum_dtype "fp32" and no optimizer offload (DeepSpeed 0.19.8's BF16
+// optimizer); the training dtype otherwise (check_supported says where the key does nothing).
+at::ScalarType gradient_dtype(const Config& config, int stage);
 
 // The micro-batch and gradient accumulation steps `config` resolves to at `world` ranks (with
 // elasticity, the elastic batch's); one sample, no accumulation when the config names no batch

@@ -276,8 +276,12 @@ zero::StrategyOptions EngineImpl::strategy_options(const zero::FlatLayout& layou
   so.reduce.reduce_scatter = zc.reduce_scatter;
   so.reduce.quantize_gradients = stage == 3 && zc.zero_quantized_gradients;
   // NOTE [wire dtype] in zero/reducer.h.
+  // data_types.grad_accum_dtype: stage 1's full gradient buffer in fp32 (NOTE [accumulation
+  // dtype] in zero/grad_buffer.h).
+  const at::ScalarType grads = engine::gradient_dtype(config_, stage);
+  if (grads != dtype_) so.reduce.accumulate_dtype = grads;
   const at::ScalarType wire = engine::communication_dtype(config_);
-  if (wire != dtype_) so.reduce.wire_dtype = wire;
+  if (wire != grads) so.reduce.wire_dtype = wire;
   so.allgather_bucket_size = zero::capped_bucket_size(zc.allgather_bucket_size, layout.numel);
   // Stage 0 in fp32: the statistics ride in the gradient all-reduce (NOTE [side channel] in
   // zero/all_reduce.h): [0] the window's loss sum, [1] its micro-steps, [2 + r] rank r's flags

@@ -135,7 +135,10 @@ class MasterStore final : public PartStore {
     // bf16 gradients in, bf16 parameters out, in the update's pass when the optimizer can and
     // every part's parameters are in memory.
     bool fused = dtype_ == at::kBFloat16 && optimizer.fuses_bf16();
-    for (const auto& part : parts) fused = fused && part.sink == nullptr;
+    for (const auto& part : parts) {
+      // (fp32 gradients: NOTE [accumulation dtype] in src/zero/grad_buffer.h.)
+      fused = fused && part.sink == nullptr && part.grads.scalar_type() == at::kBFloat16;
+    }
     step_in_memory(
         optimizer, parts,
         [this](const zero::Part& p) { return weights_.narrow(0, p.offset, p.numel()); },

@@ -24,6 +24,8 @@ AllReduceReducer::AllReduceReducer(std::vector<at::Tensor> params, std::vector<s
                   {GroupGeometry{0, padded, padded / comm.world_size(), 0}}, {}, comm, options),
       numel_(sum_segments(segments_)),
       buffer_(params_, segments_, padded, side_channel, buffer_options_) {
+  DSCPP_CHECK(!options_.accumulate_dtype, Error,
+              "internal: gradients accumulate in a dtype of their own at stage 1 only");
   DSCPP_CHECK(side_channel == 0 || (options_.dtype == at::kFloat && !options_.wire_dtype), Error,
               "internal: the gradient side channel needs fp32 all-reduce");
   install_hooks();

@@ -10,6 +10,7 @@ FullGradBuffer::FullGradBuffer(const std::vector<at::Tensor>& params,
                                int64_t padded, int64_t side, const at::TensorOptions& options)
     : params_(params), stale_(params.size(), 1) {
   storage_ = at::zeros({side + padded}, options);
+  detached_ = !params_.empty() && params_[0].scalar_type() != storage_.scalar_type();
   side_ = storage_.narrow(0, 0, side);
   grads_ = storage_.narrow(0, side, padded);
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -27,8 +28,8 @@ void FullGradBuffer::attach_views() {
     if (g.defined()) {
       views_[i].copy_(g);
       stale_[i] = 0;
-      params_[i].mutable_grad() = views_[i];
-    } else {
+      params_[i].mutable_grad() = detached_ ? at::Tensor() : views_[i];
+    } else if (!detached_) {
       stale_[i] = 1;
     }
   }
@@ -42,11 +43,15 @@ void FullGradBuffer::zero() {
 }
 
 bool FullGradBuffer::take(size_t i, const at::Tensor& grad) {
-  if (!stale_[i]) return false;
   at::NoGradGuard no_grad;
+  if (!stale_[i]) {
+    if (!detached_) return false;  // autograd adds it into the view
+    views_[i].add_(grad);          // NOTE [accumulation dtype]
+    return true;
+  }
   views_[i].copy_(grad);
   stale_[i] = 0;
-  params_[i].mutable_grad() = views_[i];
+  if (!detached_) params_[i].mutable_grad() = views_[i];
   return true;
 }
 
@@ -54,7 +59,7 @@ void FullGradBuffer::settle(size_t i) {
   if (!stale_[i]) return;
   views_[i].zero_();
   stale_[i] = 0;
-  params_[i].mutable_grad() = views_[i];
+  if (!detached_) params_[i].mutable_grad() = views_[i];
 }
 
 }  // namespace dscpp::zero

@@ -9,6 +9,14 @@
 // zeros: one pass over the gradient instead of a memset, a read and a write. Later gradients of
 // the window accumulate into the view as before. A parameter still stale when its bucket is
 // reduced (no gradient in the window) gets zeros then (settle).
+//
+// NOTE [accumulation dtype]: a buffer in a dtype other than the parameters' (stage 1, bf16
+// training with data_types.grad_accum_dtype "fp32": DeepSpeed's BF16 optimizer) cannot be their
+// .grad. Every gradient autograd brings is then taken in (the first copied, the later ones added,
+// each rounded once into fp32), .grad stays undefined, and view() is where a parameter's
+// gradient is. DeepSpeed adds each micro-step's bf16 gradient into its fp32 buffer after
+// backward (at once with bf16.immediate_grad_update); the sums agree wherever a parameter gets
+// one gradient per micro-step, the usual case.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -38,6 +46,8 @@ class FullGradBuffer {
   bool take(size_t i, const at::Tensor& grad);
   // Parameter i is reduced now: a stale view becomes zeros (and its .grad).
   void settle(size_t i);
+  // Parameter i's gradient in the buffer, in its shape (undefined while stale).
+  at::Tensor view(size_t i) const { return stale_[i] ? at::Tensor() : views_[i]; }
   at::Tensor grads() const { return grads_; }      // [padded]
   at::Tensor side() const { return side_; }        // [side]
   at::Tensor storage() const { return storage_; }  // [side + padded]
@@ -47,6 +57,7 @@ class FullGradBuffer {
   std::vector<at::Tensor> params_;
   std::vector<at::Tensor> views_;  // each parameter's gradient in the buffer, in its shape
   std::vector<char> stale_;
+  bool detached_ = false;  // NOTE [accumulation dtype]: the views are never a .grad
   at::Tensor storage_, side_, grads_;
 };
 

@@ -72,6 +72,8 @@ SlotReducer::SlotReducer(std::vector<at::Tensor> params, std::vector<std::string
       resident_group_(resident_group),
       on_group_complete_(std::move(on_group_complete)) {
   DSCPP_CHECK(resident_group_ <= 0, Error, "internal: the resident group must be group 0");
+  DSCPP_CHECK(!options_.accumulate_dtype, Error,
+              "internal: gradients accumulate in a dtype of their own at stage 1 only");
   int64_t shard_total = 0;
   for (const auto& g : groups_) shard_total += g.shard;
   if (!shard_) shard_ = make_memory_grad_shard(shard_total, buffer_options_);

@@ -71,6 +71,7 @@ class InPlaceReducer final : public GradReducer {
   bool take_gradient_locked(int param, const at::Tensor& grad) override {
     return buffer_.take(param, grad);
   }
+  at::Tensor accumulated_grad_locked(int param) const override { return buffer_.view(param); }
   void on_arriving_locked(int param, Bucket& b) override;
   void launch_locked(Bucket& b) override;
   void on_reduced_locked(InFlight& f) override;

@@ -72,7 +72,9 @@ GradReducer::GradReducer(std::vector<at::Tensor> params, std::vector<std::string
               "the model has no trainable parameters (requires_grad). HINT: nothing to train");
   DSCPP_CHECK(options_.reduce_bucket_size > 0, ConfigError,
               "zero_optimization.reduce_bucket_size must be > 0");
-  buffer_options_ = params_[0].options().dtype(options_.dtype).requires_grad(false);
+  buffer_options_ = params_[0].options()
+                       .dtype(options_.accumulate_dtype.value_or(options_.dtype))
+                       .requires_grad(false);
   if (param_group_.empty()) param_group_.assign(params_.size(), 0);
   DSCPP_CHECK(param_group_.size() == params_.size() && segments_.size() == params_.size(), Error,
               "internal: ", params_.size(), " parameters, ", segments_.size(), " segments and ",
@@ -222,7 +224,7 @@ void GradReducer::on_grad_ready(int param) {
     // gradients near the dtype's limit, non-finite in any norm). The sums stay on the device:
     // reading one here would wait for it once per parameter in backward; only the error path
     // (first_nonfinite) reads them.
-    const at::Tensor& g = params_[param].grad();
+    const at::Tensor g = accumulated_grad_locked(param);
     if (g.defined()) {
       if (!sums_.defined()) {
         at::Tensor sums = at::zeros({static_cast<int64_t>(params_.size())}, g.options());

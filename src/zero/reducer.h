@@ -67,7 +67,11 @@ int64_t capped_bucket_size(int64_t configured, int64_t numel);
 
 struct ReduceOptions {
   at::ScalarType dtype = at::kFloat;  // of the parameters and gradients in training
-  // communication_data_type, when it differs from `dtype` (NOTE [wire dtype]); unset: `dtype`.
+  // Stage 1: the full gradient buffer's dtype when it differs from `dtype` (NOTE [accumulation
+  // dtype] in grad_buffer.h); unset: `dtype`.
+  std::optional<at::ScalarType> accumulate_dtype;
+  // communication_data_type, when it differs from the gradient buffers' dtype (NOTE [wire
+  // dtype]); unset: theirs.
   std::optional<at::ScalarType> wire_dtype;
   // Elements per bucket (DeepSpeed's unit), used as given: the engine applies the cap.
   int64_t reduce_bucket_size = 500000000;
@@ -206,6 +210,9 @@ class GradReducer {
   // Where f's result is once on_reduced_locked ran: this rank's averaged gradient at
   // [f.shard_pos, f.shard_pos + f.result.numel()) of its shard (NOTE [final pieces]).
   virtual at::Tensor final_piece_locked(const InFlight& f) const { return f.result; }
+  // Parameter `param`'s gradient accumulated so far in this window (its .grad, unless the path
+  // keeps it elsewhere).
+  virtual at::Tensor accumulated_grad_locked(int param) const { return params_[param].grad(); }
   virtual void release_slot_locked(int /*slot*/) {}
   // After finish_backward waited for everything, unlocked.
   virtual void after_finish() {}
@@ -240,7 +247,7 @@ class GradReducer {
   std::vector<int> param_group_;
   comm::Communicator& comm_;
   ReduceOptions options_;
-  at::TensorOptions buffer_options_;  // training dtype, the parameters' device
+  at::TensorOptions buffer_options_;  // the gradients' dtype, the parameters' device
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_param_;
 

@@ -664,6 +664,21 @@ TEST(ConfigVerdicts, EachClassActsAsItSays) {
                           "zero_optimization.parameter_alignment boolean true has no "
                           "effect"));
   EXPECT_EQ(c.warnings.size(), 4u) << join(c.warnings, "\n");
+  // data_types.grad_accum_dtype in DeepSpeed's DtypeEnum spellings (check_supported judges it).
+  for (const auto& [given, read] : std::vector<std::pair<std::string, std::string>>{
+           {"float32", "fp32"}, {"torch.float32", "fp32"}, {"float", "fp32"}, {"half", "fp16"},
+           {"bfloat16", "bf16"}, {"bf16", "bf16"}}) {
+    c = Config::parse(R"({"data_types": {"grad_accum_dtype": ")" + given + R"("}})");
+    EXPECT_EQ(c.data_types.grad_accum_dtype, read) << given;
+  }
+  for (const char* bad : {"FP32", "int8", "double"}) {
+    EXPECT_NE(parse_error(std::string(R"({"data_types": {"grad_accum_dtype": ")") + bad + "\"}}")
+                  .find("data_types.grad_accum_dtype: must be fp32, fp16 or bf16"),
+              std::string::npos)
+        << bad;
+  }
+  EXPECT_FALSE(Config::parse(R"({"data_types": {"grad_accum_dtype": null}})")
+                   .data_types.grad_accum_dtype.has_value());
   // A section only verdicts name is still checked for unknown keys.
   EXPECT_NE(parse_error(R"({"data_types": {"grad_acum_dtype": "fp32"}})")
                 .find("unknown key 'grad_acum_dtype' at data_types; did you mean "

@@ -160,6 +160,39 @@ TEST(CheckSupported, CpuCheckpointingWithAModelInHostMemoryIsAWarning) {
   EXPECT_TRUE(check(on, cuda).empty());
 }
 
+// data_types.grad_accum_dtype as DeepSpeed 0.19.8 reads it: a mix refused at stage 0, fp32
+// accumulation at stage 1 in bf16 (EngineMixedPrecision.Bf16WithFp32AccumulationAtStage1), a
+// warning wherever its ZeRO optimizer does not read the key.
+TEST(CheckSupported, GradAccumDtypeIsReadWhereDeepSpeedReadsIt) {
+  auto with = [](const std::string& precision, int stage, const std::string& acc,
+                 const std::string& offload = "") {
+    return precision + R"(, "data_types": {"grad_accum_dtype": ")" + acc +
+           R"("}, "zero_optimization": {"stage": )" + std::to_string(stage) + offload + "}";
+  };
+  const std::string bf16 = R"(, "bf16": {"enabled": true})";
+  EXPECT_NE(refusal(with(bf16, 0, "fp32")).find("data_types.grad_accum_dtype \"fp32\" with bf16 "
+                                                "training at ZeRO stage 0 is a mix DeepSpeed "
+                                                "refuses"),
+            std::string::npos);
+  EXPECT_NE(refusal(with("", 0, "bf16")).find("unsupported mix"), std::string::npos);
+  EXPECT_TRUE(check(with(bf16, 0, "bf16")).empty());
+  EXPECT_TRUE(check(with(bf16, 1, "fp32")).empty());
+  for (const auto& [config, needle] : std::vector<std::pair<std::string, std::string>>{
+           {with(bf16, 2, "fp32"), "\"fp32\" has no effect at ZeRO stage 2 with bf16: DeepSpeed"},
+           {with(bf16, 3, "fp32"), "has no effect at ZeRO stage 3 with bf16"},
+           {with("", 1, "bf16"), "has no effect at ZeRO stage 1 with fp32"},
+           {with(bf16, 1, "fp32", R"(, "offload_optimizer": {"device": "cpu"})"),
+            "has no effect at ZeRO stage 1 with bf16 and offload_optimizer cpu"}}) {
+    auto w = check(config);
+    ASSERT_EQ(w.size(), 1u) << config;
+    EXPECT_NE(w[0].find(needle), std::string::npos) << w[0];
+  }
+  EXPECT_NE(refusal(with(bf16, 1, "fp32",
+                         R"(, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"})"))
+                .find("with offload_optimizer.device \"nvme\" at stage 1 is not implemented"),
+            std::string::npos);
+}
+
 TEST(CheckSupported, OverlapCommFalseAtStageZeroIsAWarning) {
   auto w = check(R"(, "zero_optimization": {"stage": 0, "overlap_comm": false})");
   ASSERT_EQ(w.size(), 1u);

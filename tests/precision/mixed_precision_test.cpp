@@ -10,6 +10,7 @@
 
 #include "dscpp/engine.h"
 #include "dscpp/error.h"
+#include "engine/estimate.h"
 #include "engine/test_net.h"
 #include "support/errors.h"
 #include "support/thread_ranks.h"
@@ -42,6 +43,31 @@ TEST(EngineMixedPrecision, Bf16TrainsAndEveryStageAgrees) {
       EXPECT_TRUE(at::equal(two[r].params, two[0].params)) << "replicas diverged";
       for (int i = 0; i < steps; ++i) EXPECT_NEAR(two[r].losses[i], ref[0].losses[i], 0.02 * ref[0].losses[i]);
     }
+  }
+}
+
+// data_types.grad_accum_dtype "fp32" at stage 1 in bf16 (DeepSpeed's BF16 optimizer; NOTE
+// [accumulation dtype]): the full gradient buffer is fp32 (twice stage 1's bf16 bytes, as the
+// estimate says); with one micro-step it trains exactly as bf16 accumulation does (the same bf16
+// gradient, stepped from fp32 instead of fused from bf16); over 8 micro-steps on 2 ranks it
+// follows the fp32 run, and the replicas agree.
+TEST(EngineMixedPrecision, Bf16WithFp32AccumulationAtStage1) {
+  const int B = 24, steps = 6;
+  const std::string bf16 = ", \"bf16\": {\"enabled\": true}, \"zero_optimization\": {\"stage\": 1}";
+  const std::string fp32_acc = bf16 + ", \"data_types\": {\"grad_accum_dtype\": \"fp32\"}";
+  auto plain = run_ranks(1, steps, config_json(B, B, kAdamW + bf16));
+  auto acc = run_ranks(1, steps, config_json(B, B, kAdamW + fp32_acc));
+  expect_same(acc[0], plain[0], 1e-6, "one micro-step");
+  EXPECT_EQ(acc[0].memory.grads, 2 * plain[0].memory.grads);
+  const Config config = Config::parse(config_json(B, B, kAdamW + fp32_acc));
+  const int64_t numel = acc[0].params.numel();
+  EXPECT_EQ(acc[0].memory.grads, numel * 4);
+  EXPECT_EQ(engine::estimate(engine::EstimateInput{numel}, config).grads, numel * 4);
+  auto fp32 = run_ranks(1, steps, config_json(B, 3, kAdamW));
+  auto two = run_ranks(2, steps, config_json(B, 3, kAdamW + fp32_acc));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(at::equal(two[r].params, two[0].params)) << "replicas diverged";
+    for (int i = 0; i < steps; ++i) EXPECT_NEAR(two[r].losses[i], fp32[0].losses[i], 0.02 * fp32[0].losses[i]);
   }
 }
 

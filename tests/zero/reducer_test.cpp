@@ -291,5 +291,55 @@ TEST(ZeroReducer, AWireDtypeOfItsOwnReducesInIt) {
   }
 }
 
+// NOTE [accumulation dtype]: stage 1 with an fp32 gradient buffer under bf16 parameters sums
+// the micro-steps' bf16 gradients in fp32 (the buffer is never a .grad), and the reduced shard
+// is the fp32 mean of those sums; a bf16 buffer rounds each partial sum (the test's power).
+// Gradients are multiples of 1/64, so every fp32 sum here is exact.
+TEST(ZeroReducer, Stage1AccumulatesInTheBuffersDtype) {
+  struct OneVector : torch::nn::Module {
+    OneVector() { w = register_parameter("w", at::zeros({256})); }
+    at::Tensor w;
+  };
+  constexpr int kWorld = 2, kMicro = 8;
+  auto gradient = [](int rank, int micro) {
+    at::Tensor k = (at::arange(256, at::kLong) * (29 + 7 * rank + 3 * micro) + micro) % 512 - 256;
+    return (k.to(at::kFloat) / 64).to(at::kBFloat16);
+  };
+  at::Tensor want = at::zeros({256});
+  for (int r = 0; r < kWorld; ++r)
+    for (int m = 0; m < kMicro; ++m) want += gradient(r, m).to(at::kFloat);
+  want /= kWorld;
+  for (bool fp32 : {true, false}) {
+    std::vector<int64_t> mismatched(kWorld, 0);
+    auto errors = run_thread_ranks(kWorld, [&](Communicator& c) {
+      OneVector net;
+      zero::ReduceOptions o;
+      o.dtype = at::kBFloat16;
+      if (fp32) o.accumulate_dtype = at::kFloat;
+      auto reducer = make_reducer(net, c, 1, o);
+      for (int m = 0; m < kMicro; ++m) {
+        at::Tensor loss = (net.w * gradient(c.rank(), m)).sum();
+        reducer->prepare_backward(m == kMicro - 1, loss);
+        loss.backward();
+        reducer->finish_backward();
+        EXPECT_EQ(net.w.grad().defined(), !fp32) << "micro-step " << m;
+      }
+      const at::Tensor shard = dynamic_cast<zero::InPlaceReducer&>(*reducer).grad_shard();
+      ASSERT_EQ(shard.scalar_type(), fp32 ? at::kFloat : at::kBFloat16);
+      const int64_t n = shard.numel();
+      mismatched[c.rank()] = shard.to(at::kFloat).ne(want.narrow(0, c.rank() * n, n)).sum().item<int64_t>();
+      EXPECT_EQ(reducer->grad_bytes(), 256 * (fp32 ? 4 : 2));
+    });
+    for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+    for (int r = 0; r < kWorld; ++r) {
+      if (fp32) {
+        EXPECT_EQ(mismatched[r], 0) << "rank " << r;
+      } else {
+        EXPECT_GT(mismatched[r], 10) << "rank " << r << ": bf16 sums round as fp32's";
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dscpp
