@@ -264,6 +264,11 @@ struct Fp16Config {
 struct Bf16Config {
   // Train with bf16 weights/activations and fp32 master weights. Default false.
   bool enabled = false;
+  // DeepSpeed's BF16 optimizer (stage 1 with data_types.grad_accum_dtype "fp32") adds each
+  // gradient into its fp32 buffer as autograd brings it, instead of after backward: what dscpp's
+  // fp32 accumulation always does (NOTE [accumulation dtype]). Elsewhere DeepSpeed does not read
+  // it (check_supported warns). Default false.
+  bool immediate_grad_update = false;
 };
 
 // ---------------------------------------------------------------------------------------------

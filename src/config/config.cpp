@@ -389,6 +389,7 @@ void parse_bf16(JsonReader& root, Bf16Config* b) {
   root.raw(old_name ? "bf16" : "bfloat16");
   JsonReader r = root.child(old_name ? "bfloat16" : "bf16", /*null_is_absent=*/true);
   r.get("enabled", &b->enabled);
+  r.get("immediate_grad_update", &b->immediate_grad_update);
   // DeepSpeed 0.18.3+ / 0.19.1: bf16 master weights and gradients, bf16 optimizer states (in host
   // memory under offload_optimizer cpu). Fewer bytes per parameter than dscpp keeps: refused
   // when asked for, accepted at false.
@@ -1237,6 +1238,7 @@ std::string Config::describe() const {
   describe_scheduler(d, scheduler);
   fp16_keys().describe(d, "fp16.", fp16);
   d.line("bf16.enabled", bf16.enabled);
+  if (bf16.immediate_grad_update) d.line("bf16.immediate_grad_update", true);
   describe_zero(d, zero_optimization);
   if (zero_optimization.offload_optimizer.device == "nvme" ||
       zero_optimization.offload_param.device == "nvme")

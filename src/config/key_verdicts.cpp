@@ -144,10 +144,6 @@ const std::vector<KeyVerdict> kKeyVerdicts = {
      "fp16 master weights and gradients (DeepSpeed: ZeRO 1-3 with its CPU Adam) change the "
      "update's precision; dscpp keeps fp32 master weights",
      "remove it or set false"},
-    {"bf16.immediate_grad_update", R, "[false]",
-     "it accumulates each parameter's gradient into an fp32 buffer as soon as backward produces "
-     "it (DeepSpeed's BF16_Optimizer); dscpp accumulates in bf16 until the step",
-     "remove it or set false"},
     {"bf16.check_grad_overflow", R, "[true]",
      "false applies updates without looking for inf and NaN; dscpp always looks, and stops with "
      "an error naming the first parameter they came from (DeepSpeed 0.19.8 skips the step)",

@@ -4,6 +4,7 @@
 
 #include "dscpp/device_link.h"
 #include "dscpp/error.h"
+#include "engine/estimate.h"
 #include "monitor/monitor.h"
 #include "precision/loss_scaler.h"
 
@@ -81,6 +82,14 @@ std::vector<std::string> check_supported(const Config& c, const SupportContext& 
           "optimizer); its ZeRO optimizer accumulates gradients in the training dtype, as "
           "dscpp does here");
     }
+  }
+
+  if (c.bf16.immediate_grad_update && gradient_dtype(c, stage) != at::kFloat) {
+    warnings.push_back(
+        "bf16.immediate_grad_update has no effect here: DeepSpeed 0.19.8 reads it only in its "
+        "BF16 optimizer (bf16 at ZeRO stage 1 with data_types.grad_accum_dtype \"fp32\", no "
+        "offload_optimizer), whose fp32 accumulation dscpp does as it asks; training is "
+        "unchanged");
   }
 
   // ZeRO++'s quantization (NOTE [block-wise quantization]) runs on the CPU only.

@@ -635,8 +635,8 @@ TEST(ConfigVerdicts, EachClassActsAsItSays) {
   EXPECT_NE(
       parse_error(R"({"tensor_parallel": {"tp": {"tp_size": 2}}})").find("tensor_parallel: object"),
       std::string::npos);
-  EXPECT_NE(parse_error(R"({"bfloat16": {"enabled": true, "immediate_grad_update": "yes"}})")
-                .find("bfloat16.immediate_grad_update: string \"yes\" is not accepted"),
+  EXPECT_NE(parse_error(R"({"bfloat16": {"enabled": true, "check_grad_overflow": "no"}})")
+                .find("bfloat16.check_grad_overflow: string \"no\" is not accepted"),
             std::string::npos);
   EXPECT_NE(parse_error(R"({"zero_optimization": {"stage": 2, "load_from_fp32_weights": false}})")
                 .find("HINT: remove it or set true"),

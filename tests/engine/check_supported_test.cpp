@@ -187,6 +187,13 @@ TEST(CheckSupported, GradAccumDtypeIsReadWhereDeepSpeedReadsIt) {
     ASSERT_EQ(w.size(), 1u) << config;
     EXPECT_NE(w[0].find(needle), std::string::npos) << w[0];
   }
+  // bf16.immediate_grad_update: how DeepSpeed's BF16 optimizer accumulates, which dscpp's fp32
+  // accumulation does; not read elsewhere.
+  const std::string immediate = R"(, "bf16": {"enabled": true, "immediate_grad_update": "yes"})";
+  EXPECT_TRUE(check(with(immediate, 1, "fp32")).empty());
+  auto w = check(immediate + R"(, "zero_optimization": {"stage": 2})");
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find("bf16.immediate_grad_update has no effect here"), std::string::npos) << w[0];
   EXPECT_NE(refusal(with(bf16, 1, "fp32",
                          R"(, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"})"))
                 .find("with offload_optimizer.device \"nvme\" at stage 1 is not implemented"),
