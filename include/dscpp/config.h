@@ -269,6 +269,13 @@ struct Bf16Config {
   // fp32 accumulation always does (NOTE [accumulation dtype]). Elsewhere DeepSpeed does not read
   // it (check_supported warns). Default false.
   bool immediate_grad_update = false;
+  // DeepSpeed 0.18.3+: no fp32 master weights: the optimizer updates the bf16 parameters
+  // themselves (each piece widened to fp32 and rounded back once), 4 bytes per parameter fewer.
+  // ZeRO stages 1-3. Default false.
+  bool bf16_master_weights_and_grads = false;
+  // DeepSpeed 0.19.1+: the optimizer's states in bf16 too (needs the above). Refused: not
+  // implemented yet. Default false.
+  bool bf16_optimizer_states = false;
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -390,18 +390,10 @@ void parse_bf16(JsonReader& root, Bf16Config* b) {
   JsonReader r = root.child(old_name ? "bfloat16" : "bf16", /*null_is_absent=*/true);
   r.get("enabled", &b->enabled);
   r.get("immediate_grad_update", &b->immediate_grad_update);
-  // DeepSpeed 0.18.3+ / 0.19.1: bf16 master weights and gradients, bf16 optimizer states (in host
-  // memory under offload_optimizer cpu). Fewer bytes per parameter than dscpp keeps: refused
-  // when asked for, accepted at false.
-  for (const char* key : {"bf16_master_weights_and_grads", "bf16_optimizer_states"}) {
-    bool on = false;
-    if (r.get(key, &on) && on) {
-      r.fail(key,
-             "true is not implemented yet: dscpp keeps the fp32 master weights and the "
-             "optimizer's states in fp32 (in host memory with offload_optimizer.device \"cpu\"). "
-             "HINT: remove it or set false");
-    }
-  }
+  // DeepSpeed 0.18.3+ / 0.19.1: bf16 master weights and gradients, bf16 optimizer states
+  // (check_supported judges them with the stage and offload).
+  r.get("bf16_master_weights_and_grads", &b->bf16_master_weights_and_grads);
+  r.get("bf16_optimizer_states", &b->bf16_optimizer_states);
   r.read_not_honoured();
   r.finish();
 }
@@ -1239,6 +1231,8 @@ std::string Config::describe() const {
   fp16_keys().describe(d, "fp16.", fp16);
   d.line("bf16.enabled", bf16.enabled);
   if (bf16.immediate_grad_update) d.line("bf16.immediate_grad_update", true);
+  if (bf16.bf16_master_weights_and_grads) d.line("bf16.bf16_master_weights_and_grads", true);
+  if (bf16.bf16_optimizer_states) d.line("bf16.bf16_optimizer_states", true);
   describe_zero(d, zero_optimization);
   if (zero_optimization.offload_optimizer.device == "nvme" ||
       zero_optimization.offload_param.device == "nvme")

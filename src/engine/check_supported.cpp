@@ -84,6 +84,40 @@ std::vector<std::string> check_supported(const Config& c, const SupportContext& 
     }
   }
 
+  // bf16 master weights (DeepSpeed 0.19.8's runtime/config.py and base_optimizer.py checks
+  // first, with their text).
+  const auto& b16 = c.bf16;
+  if (b16.bf16_master_weights_and_grads || b16.bf16_optimizer_states) {
+    DSCPP_CHECK(b16.enabled, ConfigError,
+                "bf16.bf16_master_weights_and_grads and bf16_optimizer_states need "
+                "bf16.enabled. HINT: enable bf16, or remove them");
+    DSCPP_CHECK(stage > 0, ConfigError,
+                b16.bf16_master_weights_and_grads
+                    ? "Bf16_master_weights_and_grads is only supported with ZeRO Stage 1, 2, or 3."
+                    : "bf16_optimizer_states is only supported with ZeRO Stage 1, 2, or 3.",
+                " (DeepSpeed's rule) HINT: set zero_optimization.stage");
+    DSCPP_CHECK(b16.bf16_master_weights_and_grads, ConfigError,
+                "bf16_optimizer_states requires bf16_master_weights_and_grads to be enabled. "
+                "(DeepSpeed's rule) HINT: set bf16.bf16_master_weights_and_grads true too");
+    DSCPP_CHECK(!b16.bf16_optimizer_states, ConfigError,
+                "bf16.bf16_optimizer_states true is not implemented yet: the optimizer's states "
+                "stay fp32 (bf16_master_weights_and_grads alone drops the fp32 master weights). "
+                "HINT: remove it or set false");
+    DSCPP_CHECK(gradient_dtype(c, stage) != at::kFloat, ConfigError,
+                "bf16.bf16_master_weights_and_grads with data_types.grad_accum_dtype \"fp32\" "
+                "at stage 1: the latter selects DeepSpeed's BF16 optimizer, which keeps fp32 "
+                "master weights and does not read the former. HINT: remove one of them");
+    const bool host_step = z.offload_optimizer.device == "cpu" && ctx.model_on_device;
+    DSCPP_CHECK(z.offload_optimizer.device != "nvme" && !host_step &&
+                    !(stage == 3 && z.offload_param.device == "nvme"),
+                ConfigError,
+                "bf16.bf16_master_weights_and_grads with ",
+                host_step ? "offload_optimizer \"cpu\" of a model on a device"
+                          : "offload to nvme",
+                " is not implemented yet: dscpp updates the bf16 parameters where they are, in "
+                "memory. HINT: remove the offload, or bf16_master_weights_and_grads");
+  }
+
   if (c.bf16.immediate_grad_update && gradient_dtype(c, stage) != at::kFloat) {
     warnings.push_back(
         "bf16.immediate_grad_update has no effect here: DeepSpeed 0.19.8 reads it only in its "

@@ -225,11 +225,20 @@ Estimate estimate(const EstimateInput& in, const Config& c, int stage,
     e.master = mixed ? part * 4 : 0;
     e.optimizer_state = states * part * 4;
   }
+  // bf16.bf16_master_weights_and_grads: the bf16 parameters are the values (check_supported
+  // allows it in memory only); the step widens a piece of them beside a piece of gradients.
+  const bool bf16_master = c.bf16.bf16_master_weights_and_grads && stage > 0;
+  if (bf16_master) {
+    if (e.offload_optimizer == "cpu") e.host_part -= e.master;
+    e.master = 0;
+  }
   if (mixed) {
     // The fp32 gradients the optimizer reads (precision/part_store.cpp's Fp32Grads): one
     // sub-group through the swap file, a piece of 2^22 in memory; none when a bf16 step fuses.
     const bool fuses = c.bf16.enabled && probe && probe->fuses_bf16();
-    if (e.offload_optimizer == "nvme" || e.offload_optimizer == "cpu") {
+    if (bf16_master) {
+      e.step_scratch = 2 * std::min<int64_t>(int64_t{1} << 20, part) * 4;
+    } else if (e.offload_optimizer == "nvme" || e.offload_optimizer == "cpu") {
       e.step_scratch = std::max<int64_t>(1, sub) * 4;
     } else if (!fuses) {
       e.step_scratch = std::min<int64_t>(int64_t{1} << 22, part) * 4;

@@ -440,6 +440,7 @@ void EngineImpl::build_strategy() {
   // Where the part's fp32 values live (part_store.h), chosen once.
   precision::PartStoreOptions po;
   po.dtype = dtype_;
+  po.bf16_master = config_.bf16.bf16_master_weights_and_grads;
   po.device = device_;
   po.nvme = nvme;
   po.sub_group_size = zc.sub_group_size;

@@ -18,6 +18,9 @@ namespace {
 
 // Elements per piece of the mixed-precision optimizer step (16 MiB of fp32 gradient).
 constexpr int64_t kStepPiece = int64_t{1} << 22;
+// bf16 master weights widen a piece of parameters and one of gradients: smaller pieces keep the
+// two scratch buffers (8 MiB) below what dropping the fp32 master weights saves on small models.
+constexpr int64_t kBf16MasterPiece = int64_t{1} << 20;
 
 // Elements [offset, offset + n) of the part where the parameters are the fp32 values.
 at::Tensor values_in_parameters(const std::vector<zero::Part>& parts, int64_t offset, int64_t n) {
@@ -92,28 +95,53 @@ void for_each_piece(const std::vector<zero::Part>& parts, int64_t sub, int64_t p
   }
 }
 
-// fp32 training: the optimizer updates the parameters in place.
+// The parameters hold the values: in fp32 training the optimizer updates them in place; with
+// bf16.bf16_master_weights_and_grads (DeepSpeed 0.18.3+: no fp32 master weights) the bf16
+// parameters are the values, and each piece of them and of its gradients is widened to fp32,
+// stepped, and rounded back into the parameters once (what DeepSpeed's CPU Adam does to bf16
+// parameters), so every step's update is rounded to bf16.
 class ParamsStore final : public PartStore {
  public:
+  explicit ParamsStore(bool widen) : widen_(widen) {}
   zero::PartTap open(int64_t part_numel) override {
     part_numel_ = part_numel;
     return nullptr;
   }
   void step(optim::Optimizer& optimizer, const std::vector<zero::Part>& parts,
             optim::StepContext ctx) override {
-    step_in_memory(
-        optimizer, parts, [](const zero::Part& p) { return p.params; }, part_numel_,
-        /*pieces=*/false, /*fused=*/false, fp32_grads_, std::move(ctx));
+    if (!widen_) {
+      step_in_memory(
+          optimizer, parts, [](const zero::Part& p) { return p.params; }, part_numel_,
+          /*pieces=*/false, /*fused=*/false, fp32_grads_, std::move(ctx));
+      return;
+    }
+    at::NoGradGuard no_grad;
+    const bool pieces = optimizer.supports_pieces();
+    for (const auto& part : parts) {
+      DSCPP_CHECK(part.params.defined() && part.sink == nullptr, Error,
+                  "internal: bf16 master weights with parameters out of memory");
+      const int64_t n = part.numel(), piece = pieces ? kBf16MasterPiece : n;
+      for (int64_t off = 0; off < n; off += piece) {
+        const int64_t len = std::min(piece, n - off);
+        at::Tensor params = part.params.narrow(0, off, len);
+        at::Tensor w = widened_(params);
+        if (len < part_numel_) ctx.offset = part.offset + off;
+        optimizer.step(w, fp32_grads_(part.grads.narrow(0, off, len)), ctx);
+        params.copy_(w);
+      }
+    }
   }
   void publish(const std::vector<zero::Part>&) override {}
   at::Tensor values(const std::vector<zero::Part>& parts, int64_t offset,
                     int64_t n) const override {
-    return values_in_parameters(parts, offset, n);
+    return values_in_parameters(parts, offset, n);  // bf16: a checkpoint reads them as fp32
   }
 
  private:
+  bool widen_;
   int64_t part_numel_ = 0;
-  Fp32Grads fp32_grads_{kStepPiece};
+  Fp32Grads fp32_grads_{kBf16MasterPiece};
+  Fp32Grads widened_{kBf16MasterPiece};  // the piece's parameters in fp32 (widen_)
 };
 
 // Mixed precision: the optimizer updates fp32 master weights (this rank's part of them, rank 0's
@@ -489,9 +517,9 @@ void PartStore::write(const std::string& what, int64_t, const at::Tensor&) {
 std::unique_ptr<PartStore> make_part_store(const PartStoreOptions& options) {
   if (options.nvme) return std::make_unique<SwapStore>(options);
   if (options.link) return std::make_unique<HostStore>(options);
-  if (options.dtype != at::kFloat)
+  if (options.dtype != at::kFloat && !options.bf16_master)
     return std::make_unique<MasterStore>(options.dtype, options.device);
-  return std::make_unique<ParamsStore>();
+  return std::make_unique<ParamsStore>(/*widen=*/options.bf16_master);
 }
 
 }  // namespace dscpp::precision

@@ -1,6 +1,8 @@
 // PartStore: where this rank's part of the fp32 values lives, and the optimizer step over it.
 // The engine picks one at set-up (make_part_store) and never asks which it has:
-//   in the parameters  fp32 training: the part of the flat buffer is the values themselves
+//   in the parameters  fp32 training: the part of the flat buffer is the values themselves; so
+//                      with bf16.bf16_master_weights_and_grads (no fp32 copy), whose bf16
+//                      values are widened to fp32 a piece at a time for the step
 //   master weights     bf16 / fp16: an fp32 copy of the part in memory, rank 0's original values
 //                      taken as the model is flattened, cast into the parameters after each step
 //   swap file          offload_optimizer nvme (src/offload/optimizer_swapper.h): the optimizer's
@@ -103,6 +105,8 @@ using SwapperFactory =
 
 struct PartStoreOptions {
   at::ScalarType dtype = at::kFloat;  // the training dtype of parameters and gradients
+  // bf16.bf16_master_weights_and_grads: the bf16 parameters are the values (in memory only).
+  bool bf16_master = false;
   at::Device device = at::kCPU;       // the parameters' device
   // offload_optimizer nvme: the swap file, stepped `sub_group_size` elements at a time.
   bool nvme = false;
@@ -120,7 +124,8 @@ struct PartStoreOptions {
 };
 
 // The store for these options: the swap file with offload_optimizer nvme, else host memory with
-// a link, else the master weights under mixed precision, else the parameters.
+// a link, else the master weights under mixed precision (unless bf16_master), else the
+// parameters.
 std::unique_ptr<PartStore> make_part_store(const PartStoreOptions& options);
 
 }  // namespace dscpp::precision

@@ -577,18 +577,15 @@ TEST(ConfigPrecision, Bfloat16IsAnAliasOfBf16) {
             "unknown key 'enable' at bfloat16; did you mean 'enabled'?");
 }
 
-// DeepSpeed's bf16 master weights and optimizer states (0.18.3+, 0.19.1): known keys, accepted at
-// false, refused at true with the reason.
-TEST(ConfigPrecision, Bf16StatesAreRefusedWhenAskedFor) {
-  EXPECT_TRUE(Config::parse(R"({"bf16": {"enabled": true, "bf16_optimizer_states": false,
-      "bf16_master_weights_and_grads": false}})")
-                  .bf16.enabled);
-  for (const std::string key : {"bf16_optimizer_states", "bf16_master_weights_and_grads"}) {
-    const std::string e =
-        parse_error(R"({"bf16": {"enabled": true, ")" + key + R"(": true}})");
-    EXPECT_EQ(e.rfind("bf16." + key + ": true is not implemented yet", 0), 0u) << e;
-    EXPECT_NE(e.find("HINT: remove it or set false"), std::string::npos) << e;
-  }
+// DeepSpeed's bf16 master weights and optimizer states (0.18.3+, 0.19.1): read as booleans in
+// the bf16 section's lax way; check_supported judges them with the stage and offload
+// (CheckSupported.Bf16MasterWeightsFollowDeepSpeedsRules).
+TEST(ConfigPrecision, Bf16MasterWeightsAndStatesAreRead) {
+  Config c = Config::parse(R"({"bf16": {"enabled": true, "bf16_optimizer_states": "no",
+      "bf16_master_weights_and_grads": 1}})");
+  EXPECT_TRUE(c.bf16.bf16_master_weights_and_grads);
+  EXPECT_FALSE(c.bf16.bf16_optimizer_states);
+  EXPECT_FALSE(Config::parse(R"({"bf16": {"enabled": true}})").bf16.bf16_master_weights_and_grads);
 }
 
 TEST(ConfigPrecision, Fp16Fields) {

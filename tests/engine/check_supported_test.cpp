@@ -200,6 +200,40 @@ TEST(CheckSupported, GradAccumDtypeIsReadWhereDeepSpeedReadsIt) {
             std::string::npos);
 }
 
+// bf16.bf16_master_weights_and_grads (EngineMixedPrecision.Bf16MasterWeightsAreTheParameters):
+// DeepSpeed's rules with its text, and what dscpp does not do yet.
+TEST(CheckSupported, Bf16MasterWeightsFollowDeepSpeedsRules) {
+  auto bf16 = [](const std::string& keys, const std::string& zero) {
+    return R"(, "bf16": {"enabled": true)" + keys + R"(}, "zero_optimization": {)" + zero + "}";
+  };
+  const std::string master = R"(, "bf16_master_weights_and_grads": true)";
+  for (const char* ok : {R"("stage": 1)", R"("stage": 2, "offload_optimizer": {"device": "cpu"})",
+                         R"("stage": 3)"})
+    EXPECT_TRUE(check(bf16(master, ok)).empty()) << ok;
+  for (const auto& [config, needle] : std::vector<std::pair<std::string, std::string>>{
+           {bf16(master, R"("stage": 0)"),
+            "Bf16_master_weights_and_grads is only supported with ZeRO Stage 1, 2, or 3."},
+           {bf16(R"(, "bf16_optimizer_states": true)", R"("stage": 2)"),
+            "bf16_optimizer_states requires bf16_master_weights_and_grads to be enabled."},
+           {bf16(master + R"(, "bf16_optimizer_states": true)", R"("stage": 2)"),
+            "bf16.bf16_optimizer_states true is not implemented yet"},
+           {bf16(master, R"("stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/x"})"),
+            "with offload to nvme is not implemented yet"},
+           {bf16(master, R"("stage": 1}, "data_types": {"grad_accum_dtype": "fp32")"),
+            "the latter selects DeepSpeed's BF16 optimizer"},
+           {R"(, "zero_optimization": {"stage": 2}, "bf16": {"bf16_master_weights_and_grads": true})",
+            "need bf16.enabled"}}) {
+    EXPECT_NE(refusal(config).find(needle), std::string::npos) << config << "\n" << refusal(config);
+  }
+  SupportContext cuda;
+  cuda.model_on_device = true;
+  cuda.device = "cuda:0";
+  cuda.device_link_given = true;
+  EXPECT_NE(refusal(bf16(master, R"("stage": 2, "offload_optimizer": {"device": "cpu"})"), cuda)
+                .find("offload_optimizer \"cpu\" of a model on a device is not implemented yet"),
+            std::string::npos);
+}
+
 TEST(CheckSupported, OverlapCommFalseAtStageZeroIsAWarning) {
   auto w = check(R"(, "zero_optimization": {"stage": 0, "overlap_comm": false})");
   ASSERT_EQ(w.size(), 1u);

@@ -13,6 +13,7 @@
 #include "engine/estimate.h"
 #include "engine/test_net.h"
 #include "support/errors.h"
+#include "support/temp_dir.h"
 #include "support/thread_ranks.h"
 
 namespace dscpp {
@@ -125,6 +126,68 @@ const std::string kFp16Opt = ", \"optimizer\": {\"type\": \"Adam\", \"params\": 
 std::string zero_stage(int stage) {
   return ", \"zero_optimization\": {\"stage\": " + std::to_string(stage) +
          (stage == 3 ? ", \"stage3_param_persistence_threshold\": 0}" : "}");
+}
+
+// bf16.bf16_master_weights_and_grads: no fp32 master weights; each step's SGD update is taken
+// from the bf16 parameters widened to fp32 and rounded back once, exactly as a bf16 twin updated
+// by hand, at stages 1-3; the default (fp32 master weights) does not round the master (the
+// test's power). memory_stats has no master weights, as the estimate says.
+TEST(EngineMixedPrecision, Bf16MasterWeightsAreTheParameters) {
+  const std::string sgd = R"(, "gradient_clipping": 0, "optimizer": {"type": "SGD", "params": {"lr": 0.1}})";
+  auto errors = run_thread_ranks(1, [&](Communicator& c) {
+    for (bool master : {true, false}) {
+      for (int stage : {1, 2, 3}) {
+        const std::string what = "stage " + std::to_string(stage) + (master ? " bf16 master" : "");
+        const std::string cfg = config_json(4, 4, sgd + R"(, "bf16": {"enabled": true, "bf16_master_weights_and_grads": )" +
+                                                      (master ? "true" : "false") + "}" + zero_stage(stage));
+        Net net = make_net(1), twin = make_net(1);
+        auto engine = initialize(net.ptr(), cfg, borrowed(c));
+        twin->to(at::kBFloat16);
+        const at::Tensor X = dataset_x().narrow(0, 0, 4), Y = dataset_y().narrow(0, 0, 4);
+        for (int step = 0; step < 3; ++step) {
+          engine->backward(at::mse_loss(net->forward(X.to(at::kBFloat16)).to(at::kFloat), Y));
+          engine->step();
+          at::mse_loss(twin->forward(X.to(at::kBFloat16)).to(at::kFloat), Y).backward();
+          at::NoGradGuard no_grad;
+          for (auto& p : twin->parameters()) {
+            if (!p.grad().defined()) continue;  // the unused branch: no gradient, no update
+            p.copy_(p.to(at::kFloat) - 0.1 * p.grad().to(at::kFloat));
+            p.mutable_grad() = at::Tensor();
+          }
+        }
+        auto mine = net->named_parameters(), want = twin->named_parameters();
+        bool all_equal = true;
+        for (const auto& item : want) all_equal = all_equal && at::equal(mine[item.key()], item.value());
+        EXPECT_EQ(all_equal, master) << what;
+        int64_t numel = 0;
+        for (const auto& p : net->parameters()) numel += p.numel();
+        if (master && stage == 2) {
+          // A checkpoint holds the bf16 values; a run with fp32 master weights (at stage 1)
+          // loads them, and one with bf16 master weights (at stage 3) loads those back.
+          testing::TempDir dir;
+          engine->save_checkpoint(dir.path(), "bf16master");
+          for (const std::string& other :
+               {config_json(4, 4, sgd + R"(, "bf16": {"enabled": true})" + zero_stage(1)),
+                config_json(4, 4, sgd + R"(, "bf16": {"enabled": true, "bf16_master_weights_and_grads": true})" +
+                                      zero_stage(3))}) {
+            Net again = make_net(2);
+            auto loaded = initialize(again.ptr(), other, borrowed(c));
+            loaded->load_checkpoint(dir.path(), "bf16master");
+            auto got = again->named_parameters();
+            for (const auto& item : want) EXPECT_TRUE(at::equal(got[item.key()], item.value())) << other;
+          }
+        }
+        if (master) {
+          EXPECT_EQ(engine->memory_stats().master, 0) << what;
+          const Config config = Config::parse(cfg);
+          EXPECT_EQ(engine::estimate(engine::EstimateInput{numel}, config).master, 0) << what;
+        } else {
+          EXPECT_GT(engine->memory_stats().master, 0) << what;
+        }
+      }
+    }
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
 }
 
 // Overflows injected on one rank skip the step on every rank, spend the hysteresis, then halve
