@@ -390,10 +390,9 @@ void parse_bf16(JsonReader& root, Bf16Config* b) {
   JsonReader r = root.child(old_name ? "bfloat16" : "bf16", /*null_is_absent=*/true);
   r.get("enabled", &b->enabled);
   r.get("immediate_grad_update", &b->immediate_grad_update);
-  // DeepSpeed 0.18.3+ / 0.19.1: bf16 master weights and gradients, bf16 optimizer states
-  // (check_supported judges them with the stage and offload).
+  // DeepSpeed 0.18.3+: bf16 master weights and gradients (check_supported judges it with the
+  // stage and offload); bf16_optimizer_states (0.19.1) is a verdict.
   r.get("bf16_master_weights_and_grads", &b->bf16_master_weights_and_grads);
-  r.get("bf16_optimizer_states", &b->bf16_optimizer_states);
   r.read_not_honoured();
   r.finish();
 }
@@ -1232,7 +1231,6 @@ std::string Config::describe() const {
   d.line("bf16.enabled", bf16.enabled);
   if (bf16.immediate_grad_update) d.line("bf16.immediate_grad_update", true);
   if (bf16.bf16_master_weights_and_grads) d.line("bf16.bf16_master_weights_and_grads", true);
-  if (bf16.bf16_optimizer_states) d.line("bf16.bf16_optimizer_states", true);
   describe_zero(d, zero_optimization);
   if (zero_optimization.offload_optimizer.device == "nvme" ||
       zero_optimization.offload_param.device == "nvme")

@@ -87,22 +87,13 @@ std::vector<std::string> check_supported(const Config& c, const SupportContext& 
   // bf16 master weights (DeepSpeed 0.19.8's runtime/config.py and base_optimizer.py checks
   // first, with their text).
   const auto& b16 = c.bf16;
-  if (b16.bf16_master_weights_and_grads || b16.bf16_optimizer_states) {
+  if (b16.bf16_master_weights_and_grads) {
     DSCPP_CHECK(b16.enabled, ConfigError,
-                "bf16.bf16_master_weights_and_grads and bf16_optimizer_states need "
-                "bf16.enabled. HINT: enable bf16, or remove them");
+                "bf16.bf16_master_weights_and_grads needs bf16.enabled. HINT: enable bf16, or "
+                "remove it");
     DSCPP_CHECK(stage > 0, ConfigError,
-                b16.bf16_master_weights_and_grads
-                    ? "Bf16_master_weights_and_grads is only supported with ZeRO Stage 1, 2, or 3."
-                    : "bf16_optimizer_states is only supported with ZeRO Stage 1, 2, or 3.",
-                " (DeepSpeed's rule) HINT: set zero_optimization.stage");
-    DSCPP_CHECK(b16.bf16_master_weights_and_grads, ConfigError,
-                "bf16_optimizer_states requires bf16_master_weights_and_grads to be enabled. "
-                "(DeepSpeed's rule) HINT: set bf16.bf16_master_weights_and_grads true too");
-    DSCPP_CHECK(!b16.bf16_optimizer_states, ConfigError,
-                "bf16.bf16_optimizer_states true is not implemented yet: the optimizer's states "
-                "stay fp32 (bf16_master_weights_and_grads alone drops the fp32 master weights). "
-                "HINT: remove it or set false");
+                "Bf16_master_weights_and_grads is only supported with ZeRO Stage 1, 2, or 3. "
+                "(DeepSpeed's rule) HINT: set zero_optimization.stage");
     DSCPP_CHECK(gradient_dtype(c, stage) != at::kFloat, ConfigError,
                 "bf16.bf16_master_weights_and_grads with data_types.grad_accum_dtype \"fp32\" "
                 "at stage 1: the latter selects DeepSpeed's BF16 optimizer, which keeps fp32 "

@@ -577,15 +577,19 @@ TEST(ConfigPrecision, Bfloat16IsAnAliasOfBf16) {
             "unknown key 'enable' at bfloat16; did you mean 'enabled'?");
 }
 
-// DeepSpeed's bf16 master weights and optimizer states (0.18.3+, 0.19.1): read as booleans in
-// the bf16 section's lax way; check_supported judges them with the stage and offload
-// (CheckSupported.Bf16MasterWeightsFollowDeepSpeedsRules).
+// DeepSpeed's bf16 master weights (0.18.3+): read as a boolean in the bf16 section's lax way;
+// check_supported judges it with the stage and offload (CheckSupported.Bf16MasterWeights
+// FollowDeepSpeedsRules). bf16 optimizer states (0.19.1) are refused when asked for.
 TEST(ConfigPrecision, Bf16MasterWeightsAndStatesAreRead) {
-  Config c = Config::parse(R"({"bf16": {"enabled": true, "bf16_optimizer_states": "no",
+  Config c = Config::parse(R"({"bf16": {"enabled": true, "bf16_optimizer_states": false,
       "bf16_master_weights_and_grads": 1}})");
   EXPECT_TRUE(c.bf16.bf16_master_weights_and_grads);
-  EXPECT_FALSE(c.bf16.bf16_optimizer_states);
   EXPECT_FALSE(Config::parse(R"({"bf16": {"enabled": true}})").bf16.bf16_master_weights_and_grads);
+  EXPECT_NE(parse_error(R"({"bf16": {"enabled": true, "bf16_master_weights_and_grads": true,
+      "bf16_optimizer_states": true}})")
+                .find("bf16.bf16_optimizer_states: boolean true is not accepted: DeepSpeed 0.19.1+ "
+                      "keeps the optimizer's states in bf16"),
+            std::string::npos);
 }
 
 TEST(ConfigPrecision, Fp16Fields) {
