@@ -15,8 +15,9 @@
 // .grad. Every gradient autograd brings is then taken in (the first copied, the later ones added,
 // each rounded once into fp32), .grad stays undefined, and view() is where a parameter's
 // gradient is. DeepSpeed adds each micro-step's bf16 gradient into its fp32 buffer after
-// backward (at once with bf16.immediate_grad_update); the sums agree wherever a parameter gets
-// one gradient per micro-step, the usual case.
+// backward (at once with bf16.immediate_grad_update). Autograd hands a parameter one gradient
+// per backward (a tied weight's uses are summed, in bf16, before its accumulator runs), so the
+// sums are the same either way.
 #pragma once
 
 #include <ATen/core/Tensor.h>
