@@ -207,6 +207,23 @@ int probe_listen(int port, int accepts, int seconds) {
   return 0;
 }
 
+// The ranks of one host that will share memory in this job (what Communicator::host_group_size
+// will say, predicted from the hosts): a model in host memory, shared memory not turned off,
+// every host with the same number of ranks, and across hosts the hierarchy on; 1 otherwise.
+int predicted_host_group(const std::vector<launch::HostSlots>& hosts, const std::string& device) {
+  auto env_is = [](const char* name, const char* value) {
+    const char* v = std::getenv(name);
+    return v && std::string(v) == value;
+  };
+  if (hosts.empty() || device != "cpu" || env_is("DSCPP_COMM_SHM", "off")) return 1;
+  const int per = hosts.front().num_procs();
+  for (const auto& h : hosts) {
+    if (h.num_procs() != per) return 1;
+  }
+  if (hosts.size() > 1 && env_is("DSCPP_COMM_HIERARCHY", "off")) return 1;
+  return per;
+}
+
 void check_master(Checklist& cl, const launch::LaunchOptions& opts,
                   const std::vector<launch::HostSlots>& hosts, const std::string& launcher,
                   const std::string& master) {
@@ -391,6 +408,9 @@ int check_main(int argc, char** argv) {
       engine::SupportContext support;
       support.model_on_device = device != "cpu";
       support.device = device;
+      support.world = world;
+      support.host_group = world > 0 ? predicted_host_group(hosts, device) : 0;
+      support.collectives = device == "cpu" ? "Gloo over TCP" : "NCCL";
       const std::vector<std::string> engine_warnings = engine::check_supported(cfg, support);
       DSCPP_CHECK(world > 0, ConfigError,
                   "the world size is not known here (the hosts come from the launcher at run "

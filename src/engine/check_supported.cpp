@@ -117,6 +117,9 @@ std::vector<std::string> check_supported(const Config& c, const SupportContext& 
         "unchanged");
   }
 
+  if (ctx.world > 0 && ctx.host_group > 0)
+    secondary_partition_size(c, ctx.host_group, ctx.world, ctx.collectives, &warnings);
+
   // ZeRO++'s quantization (NOTE [block-wise quantization]) runs on the CPU only.
   for (const auto& [key, on] :
        {std::pair<const char*, bool>{"zero_quantized_weights", z.zero_quantized_weights},
@@ -249,6 +252,34 @@ std::vector<std::string> check_supported(const Config& c, const SupportContext& 
   // refused by the parser (NOTE [key verdicts])
   if (c.tensorboard.enabled) monitor::require_tensorboard();
   return warnings;
+}
+
+int secondary_partition_size(const Config& c, int host, int world,
+                             const std::string& collectives, std::vector<std::string>* warnings) {
+  const int64_t hpz = c.zero_optimization.zero_hpz_partition_size;
+  if (hpz <= 1 || c.zero_optimization.stage != 3) return 1;
+  const std::string key = "zero_optimization.zero_hpz_partition_size " + std::to_string(hpz);
+  DSCPP_CHECK(host > 1, ConfigError, key,
+              ": hpZ keeps a secondary partition among the ranks of one host that share memory, "
+              "and this job's collectives (",
+              collectives,
+              ") go over the network between every pair of ranks (a model on a GPU, one rank "
+              "per host, hosts of different sizes, or shared memory off; docs/comm.md, "
+              "\"Across hosts\"). HINT: remove it or set 1");
+  if (host == world) {
+    DSCPP_CHECK(hpz == world, ConfigError, key, ": all ", world,
+                " ranks are on one host, so a secondary partition would be the primary one; "
+                "partitions of fewer ranks than a host are not implemented. HINT: remove it or "
+                "set 1");
+    warnings->push_back(key + ": every rank is on one host, where every gather already stays; "
+                              "no effect");
+    return 1;
+  }
+  DSCPP_CHECK(hpz == host, ConfigError, key, ": the secondary partition is the ranks of one host, ",
+              host, " here (", world / host,
+              " hosts); partitions of another size are not implemented. HINT: set ", host,
+              " or 1");
+  return host;
 }
 
 }  // namespace dscpp::engine

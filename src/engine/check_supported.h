@@ -26,10 +26,22 @@ struct SupportContext {
   // InitOptions::device_link was given (then dscpp makes no link of its own).
   std::string device = "cpu";
   bool device_link_given = false;
+  // The world size and the ranks of one host that will share memory (1: the collectives go over
+  // the network between every pair of ranks); 0: not known yet (initialize() judges what needs
+  // them once its communicator exists: secondary_partition_size).
+  int world = 0;
+  int host_group = 0;
+  std::string collectives;  // the backend that case would use, for the error
 };
 
 // Throws ConfigError for the first setting that is refused. Returns the warnings (also logged on
 // rank 0 by the caller) for settings that are accepted but not acted on.
 std::vector<std::string> check_supported(const Config& config, const SupportContext& context);
+
+// zero_optimization.zero_hpz_partition_size (NOTE [secondary partition] in src/zero/fetcher.h)
+// against `host` ranks sharing memory among `world` (collectives: the backend, for the error):
+// the secondary partition's size (1: none). Throws ConfigError; adds the no-effect warning.
+int secondary_partition_size(const Config& config, int host, int world,
+                             const std::string& collectives, std::vector<std::string>* warnings);
 
 }  // namespace dscpp::engine

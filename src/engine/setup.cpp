@@ -360,34 +360,15 @@ void EngineImpl::check_offload_devices() {
 }
 
 int EngineImpl::secondary_partition_size() const {
-  // NOTE [secondary partition]
-  const int64_t hpz = config_.zero_optimization.zero_hpz_partition_size;
-  if (hpz <= 1 || config_.zero_optimization.stage != 3) return 1;
-  const int host = comm_->host_group_size(), world = comm_->world_size();
-  const std::string key = "zero_optimization.zero_hpz_partition_size " + std::to_string(hpz);
-  DSCPP_CHECK(host > 1, ConfigError, key,
-              ": hpZ keeps a secondary partition among the ranks of one host that share memory, "
-              "and this job's collectives (",
-              comm_->backend_name(),
-              ") go over the network between every pair of ranks (a model on a GPU, one rank "
-              "per host, hosts of different sizes, or shared memory off; docs/comm.md, "
-              "\"Across hosts\"). HINT: remove it or set 1");
-  if (host == world) {
-    DSCPP_CHECK(hpz == world, ConfigError, key, ": all ", world,
-                " ranks are on one host, so a secondary partition would be the primary one; "
-                "partitions of fewer ranks than a host are not implemented. HINT: remove it or "
-                "set 1");
-    if (comm_->rank() == 0) {
-      DSCPP_LOG_WARN("{}: every rank is on one host, where every gather already stays; no effect",
-                     key);
-    }
-    return 1;
+  // NOTE [secondary partition]; dscpp check makes the same decision from the hosts it is given.
+  std::vector<std::string> warnings;
+  const int size = engine::secondary_partition_size(config_, comm_->host_group_size(),
+                                                    comm_->world_size(), comm_->backend_name(),
+                                                    &warnings);
+  if (comm_->rank() == 0) {
+    for (const auto& w : warnings) DSCPP_LOG_WARN("{}", w);
   }
-  DSCPP_CHECK(hpz == host, ConfigError, key, ": the secondary partition is the ranks of one host, ",
-              host, " here (", world / host,
-              " hosts); partitions of another size are not implemented. HINT: set ", host,
-              " or 1");
-  return host;
+  return size;
 }
 
 void EngineImpl::build_strategy() {

@@ -1371,6 +1371,26 @@ TEST(ConfigCheck, DscppCheckRefusesWhatTrainingWould) {
             std::string::npos)
       << r.output;
   EXPECT_EQ(r.output.find("world size 2 from world size"), std::string::npos) << r.output;
+  // hpZ against the ranks of one host, as set-up judges it once its communicator exists.
+  const std::string hpz = R"({"train_batch_size": 2, "zero_optimization": {"stage": 3,
+      "zero_hpz_partition_size": )";
+  r = check(hpz + "4}}", " --num_procs 2");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("zero_optimization.zero_hpz_partition_size 4: all 2 ranks are on one "
+                          "host, so a secondary partition would be the primary one"),
+            std::string::npos)
+      << r.output;
+  r = check(hpz + "2}}", " --num_procs 2");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("warning: zero_optimization.zero_hpz_partition_size 2: every rank is on "
+                          "one host"),
+            std::string::npos)
+      << r.output;
+  r = check(hpz + "2}}", " --num_procs 2 --device cuda");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("and this job's collectives (NCCL) go over the network"),
+            std::string::npos)
+      << r.output;
 }
 
 // docs/config.md's key list is the parser's own (scripts/config_keys.sh writes it).
