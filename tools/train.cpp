@@ -444,6 +444,12 @@ int train_main(int argc, char** argv) {
   const int rank = comm->rank();
 
   const TrainData d = open_data(a);
+  // Enough data for one optimizer step, before the model is built (the loader says it again
+  // with the engine's batch).
+  {
+    const engine::ConfiguredBatch b = engine::configured_batch(config, comm->world_size());
+    data::Dataset(d.stream, a.block_size).check_holds_one_step(b.micro * b.gas * comm->world_size());
+  }
   models::GPTConfig gc;
   gc.vocab_size = a.vocab_size;
   gc.block_size = a.block_size;

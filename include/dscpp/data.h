@@ -173,6 +173,9 @@ class Dataset {
   int64_t block_size() const { return block_size_; }
   int64_t vocab_size() const { return tokens_->vocab_size(); }
   const TokenStream& tokens() const { return *tokens_; }
+  // Throws ConfigError naming the data, its token count, T and the tokens needed when it holds
+  // fewer samples than one optimizer step (num_samples < train_batch_size).
+  void check_holds_one_step(int64_t train_batch_size) const;
   // The samples `indices`, reading only their T+1 tokens each. Throws std::out_of_range for an
   // index outside [0, num_samples), and what TokenStream::read throws.
   Batch get(const std::vector<int64_t>& indices) const;
@@ -225,8 +228,8 @@ class Sampler {
 // A Dataset and a Sampler together: what a training loop asks for one micro-batch.
 class Loader {
  public:
-  // Throws ConfigError naming the data, its token count, T and the tokens needed when the data
-  // holds fewer samples than one optimizer step (num_samples < train_batch_size).
+  // Throws ConfigError when the data holds fewer samples than one optimizer step
+  // (Dataset::check_holds_one_step).
   Loader(Dataset dataset, BatchLayout layout, bool shuffle = false, uint64_t seed = 0);
 
   // Rank `rank`'s micro-batch `micro_step` of optimizer step `step`: [b, T] inputs and targets.

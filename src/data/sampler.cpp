@@ -17,6 +17,17 @@ Dataset::Dataset(std::shared_ptr<const TokenStream> tokens, int64_t block_size)
   DSCPP_CHECK(block_size_ >= 1, ConfigError, "block size must be >= 1, got ", block_size_);
 }
 
+void Dataset::check_holds_one_step(int64_t train_batch_size) const {
+  const int64_t n = tokens_->size(), t = block_size_;
+  const int64_t need = train_batch_size * t + 1;
+  DSCPP_CHECK(num_samples() >= train_batch_size, ConfigError, "the data '", tokens_->name(),
+              "' has ", n, " tokens: with block size T=", t, " that is (n-1)/T = ", num_samples(),
+              " samples, fewer than one optimizer step needs (train_batch_size=",
+              train_batch_size, " samples, i.e. at least ", need,
+              " tokens). HINT: use a longer file, a smaller block size or a smaller "
+              "train_batch_size.");
+}
+
 Batch Dataset::get(const std::vector<int64_t>& indices) const {
   const int64_t b = static_cast<int64_t>(indices.size()), t = block_size_, n = num_samples();
   at::Tensor rows = at::empty({b, t + 1}, at::kLong);  // [b, T+1]
@@ -105,15 +116,7 @@ Loader::Loader(Dataset dataset, BatchLayout layout, bool shuffle, uint64_t seed)
     : dataset_(std::move(dataset)),
       sampler_((layout.validate(), std::max<int64_t>(dataset_.num_samples(), 1)), layout, shuffle,
                seed) {
-  const int64_t n = dataset_.tokens().size(), t = dataset_.block_size();
-  const int64_t need = layout.train_batch_size * t + 1;
-  DSCPP_CHECK(dataset_.num_samples() >= layout.train_batch_size, ConfigError, "the data '",
-              dataset_.tokens().name(), "' has ", n, " tokens: with block size T=", t,
-              " that is (n-1)/T = ", dataset_.num_samples(),
-              " samples, fewer than one optimizer step needs (train_batch_size=",
-              layout.train_batch_size, " samples, i.e. at least ", need,
-              " tokens). HINT: use a longer file, a smaller block size or a smaller "
-              "train_batch_size.");
+  dataset_.check_holds_one_step(layout.train_batch_size);
 }
 
 Batch Loader::micro_batch(int64_t step, int64_t rank, int64_t micro_step) const {

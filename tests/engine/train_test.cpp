@@ -387,6 +387,11 @@ TEST(Train, BadInputIsAClearErrorAndNoRankIsLeftRunning) {
   r = launch(good, "--data " + dir.file("short.txt") + " --block_size 16");
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("short.txt"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("fewer than one optimizer step needs (train_batch_size=8"),
+            std::string::npos)
+      << r.output;
+  // ... said before the model is built (its pre-flight memory estimate is the first thing then).
+  EXPECT_EQ(r.output.find("estimated peak RSS"), std::string::npos) << r.output;
   // --init with the wrong shapes.
   {
     models::GPTConfig gc = tiny_gpt(16);  // the run uses 32
