@@ -98,13 +98,17 @@ std::vector<std::string> check_supported(const Config& c, const SupportContext& 
                 "bf16.bf16_master_weights_and_grads with data_types.grad_accum_dtype \"fp32\" "
                 "at stage 1: the latter selects DeepSpeed's BF16 optimizer, which keeps fp32 "
                 "master weights and does not read the former. HINT: remove one of them");
+    // In memory only: a GPU model's optimizer or parameter shards in host memory, or anything
+    // on disk, reach the step through copies this store does not make.
     const bool host_step = z.offload_optimizer.device == "cpu" && ctx.model_on_device;
-    DSCPP_CHECK(z.offload_optimizer.device != "nvme" && !host_step &&
+    const bool host_params = stage == 3 && z.offload_param.device == "cpu" && ctx.model_on_device;
+    DSCPP_CHECK(z.offload_optimizer.device != "nvme" && !host_step && !host_params &&
                     !(stage == 3 && z.offload_param.device == "nvme"),
                 ConfigError,
                 "bf16.bf16_master_weights_and_grads with ",
-                host_step ? "offload_optimizer \"cpu\" of a model on a device"
-                          : "offload to nvme",
+                host_step     ? "offload_optimizer \"cpu\" of a model on a device"
+                : host_params ? "offload_param \"cpu\" of a model on a device"
+                              : "offload to nvme",
                 " is not implemented yet: dscpp updates the bf16 parameters where they are, in "
                 "memory. HINT: remove the offload, or bf16_master_weights_and_grads");
   }

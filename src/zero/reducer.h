@@ -34,6 +34,8 @@
 // bf16 gradients, the common case): at launch a bucket is copied into that dtype, which is
 // prescaled and reduced; when the reduction is retired this rank's reduced part is copied back
 // into the bucket's own place (rounded once into the training dtype), before anything reads it.
+// A post-scale (prescale_gradients, gradient_predivide_factor) is then applied in the training
+// dtype, a second rounding; DeepSpeed applies it before the copy back.
 // At most kWireCopiesInFlight such copies exist: a launch waits for the oldest reduction in
 // flight beyond that. Only the gradients' reductions change: parameters are gathered in the training dtype
 // (DeepSpeed's engine.allreduce_bucket and ZeRO's average_tensor do the same).

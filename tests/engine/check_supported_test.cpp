@@ -228,6 +228,10 @@ TEST(CheckSupported, Bf16MasterWeightsFollowDeepSpeedsRules) {
   EXPECT_NE(refusal(bf16(master, R"("stage": 2, "offload_optimizer": {"device": "cpu"})"), cuda)
                 .find("offload_optimizer \"cpu\" of a model on a device is not implemented yet"),
             std::string::npos);
+  EXPECT_NE(refusal(bf16(master, R"("stage": 3, "offload_param": {"device": "cpu"})"), cuda)
+                .find("offload_param \"cpu\" of a model on a device is not implemented yet"),
+            std::string::npos);
+  EXPECT_TRUE(check(bf16(master, R"("stage": 3, "offload_param": {"device": "cpu"})")).empty());
 }
 
 TEST(CheckSupported, OverlapCommFalseAtStageZeroIsAWarning) {
