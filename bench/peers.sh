@@ -9,7 +9,9 @@
 # same order; a row's cells are medians over the rounds, and each ratio is dscpp's tokens/s over
 # the row's in the same round (dscpp at the row's stage: 0 for DDP, 3 for FSDP2), then the median.
 #   bench/peers/setup.sh     (once: DeepSpeed into .venv)
-#   [MODEL=bench|150m] [DTYPES="fp32 bf16"] [ONLY="dscpp ddp ..."] bench/peers.sh [ROUNDS] [STEPS]
+#   [MODEL=bench|150m] [DTYPES="fp32 bf16 autocast"] [ONLY="dscpp ddp ..."] bench/peers.sh [ROUNDS] [STEPS]
+# (autocast: torch_autocast in the file, which dscpp and DeepSpeed read; DDP runs its bf16,
+# autocast, and FSDP2 its bf16 MixedPrecisionPolicy.)
 # Prints one markdown table per dtype; keeps every run's output under $OUT (default
 # /tmp/peers_MODEL). A peer that fails is a row with its error, never a missing row.
 # REPORT=1 with the same arguments prints the tables again from $OUT's logs, running nothing.
@@ -38,6 +40,7 @@ echo '{"train_batch_size": 1, "optimizer": {"type": "AdamW", "params": {"lr": 3e
 config() {
   local f=$OUT/ds_$1_s$2.json prec=""
   [ "$1" = bf16 ] && prec=', "bf16": {"enabled": true}'
+  [ "$1" = autocast ] && prec=', "torch_autocast": {"enabled": true, "dtype": "bfloat16"}'
   cat >"$f" <<JSON
 {"train_batch_size": $((MB * 2)), "train_micro_batch_size_per_gpu": $MB, "steps_per_print": 1000,
  "gradient_clipping": 1.0, "zero_optimization": {"stage": $2},

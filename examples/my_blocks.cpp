@@ -155,8 +155,14 @@ int main(int argc, char** argv) {
       for (int k = 0; k < engine->gradient_accumulation_steps(); ++k) {
         auto [x, y] = batch(engine->global_steps(), k, engine->rank(),
                             engine->train_micro_batch_size_per_gpu());
-        // bf16: the model computes in engine->dtype(); the loss in fp32.
-        at::Tensor out = model->forward(engine->cast_input(x));
+        // bf16: the model computes in engine->dtype(); the loss in fp32. The forward runs in
+        // the engine's autocast scope, which torch_autocast needs (and which does nothing
+        // without it).
+        at::Tensor out;
+        {
+          auto autocast = engine->autocast();
+          out = model->forward(engine->cast_input(x));
+        }
         engine->backward(at::mse_loss(out.to(at::kFloat), y));
         engine->step();
       }

@@ -411,18 +411,13 @@ int check_main(int argc, char** argv) {
       support.world = world;
       support.host_group = world > 0 ? predicted_host_group(hosts, device) : 0;
       support.collectives = device == "cpu" ? "Gloo over TCP" : "NCCL";
-      const std::vector<std::string> engine_warnings = engine::check_supported(cfg, support);
-      DSCPP_CHECK(world > 0, ConfigError,
-                  "the world size is not known here (the hosts come from the launcher at run "
-                  "time). HINT: give --hostfile or --num_nodes and --num_procs to check the "
-                  "batch against it");
-      cfg.resolve_batch(world, "the hosts and --num_procs that dscpp check was given");
+      const std::vector<std::string> warnings = engine::check_config(
+          cfg, support, "the hosts and --num_procs that dscpp check was given");
       cl.ok(fmt::format("config {}: train_batch_size {} = micro batch {} * GAS {} * {} ranks",
                         config_path, cfg.batch.train_batch_size,
                         cfg.batch.train_micro_batch_size_per_gpu,
                         cfg.batch.gradient_accumulation_steps, world));
-      for (const auto& w : cfg.warnings) std::cout << "       warning: " << w << std::endl;
-      for (const auto& w : engine_warnings) std::cout << "       warning: " << w << std::endl;
+      for (const auto& w : warnings) std::cout << "       warning: " << w << std::endl;
       DSCPP_LOG_INFO("resolved config (values in force):\n{}", cfg.describe());
     } catch (const Error& e) {
       cl.fail(fmt::format("config {}: {}", config_path, e.what()));

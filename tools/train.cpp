@@ -500,7 +500,11 @@ int train_main(int argc, char** argv) {
   for (int64_t s = first_step; s < a.steps; ++s) {
     for (int64_t k = 0; k < engine.gradient_accumulation_steps(); ++k) {
       data::Batch b = loader.micro_batch(s, rank, k);
-      at::Tensor loss = model->loss(b.inputs.to(device), b.targets.to(device));
+      at::Tensor loss;
+      {
+        auto autocast = engine.autocast();  // torch_autocast's scope (NOTE [autocast])
+        loss = model->loss(b.inputs.to(device), b.targets.to(device));
+      }
       engine.backward(loss);
       engine.step();
     }

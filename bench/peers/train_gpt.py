@@ -13,7 +13,8 @@ one of
                bf16, optimizer and clipping), on DeepSpeed's CPU accelerator over gloo
 from the same DeepSpeed config file dscpp train reads: train_micro_batch_size_per_gpu and
 gradient_accumulation_steps (or train_batch_size), the optimizer (Adam/AdamW: lr, betas, eps,
-weight_decay), gradient_clipping and bf16.enabled. The other systems take those from the file;
+weight_decay), gradient_clipping and bf16.enabled (or torch_autocast.enabled, read as bf16). The
+other systems take those from the file;
 DeepSpeed takes the whole file. bf16 means, per system, what its users run: DDP and
 DDP + compile under torch.autocast("cpu", bfloat16) (fp32 weights, gradients and optimizer);
 FSDP2 with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16) (fp32 sharded master
@@ -339,7 +340,10 @@ def main():
     os.environ.setdefault("DSCPP_GPT_ATTENTION", "sdpa")
     with open(a.config) as f:
         cfg = json.load(f)
-    bf16 = bool(cfg.get("bf16", {}).get("enabled", False))
+    # torch_autocast (fp32 weights, forward under autocast): DeepSpeed reads it from the file;
+    # for the others it is their bf16 (DDP's is autocast already).
+    bf16 = bool(cfg.get("bf16", {}).get("enabled", False)) or \
+        bool(cfg.get("torch_autocast", {}).get("enabled", False))
     if a.system == "deepspeed":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         if a.save_mode == "async":  # DeepSpeed's background save, as dscpp's config asks for it

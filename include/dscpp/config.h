@@ -446,6 +446,22 @@ struct DataTypesConfig {
   std::optional<std::string> grad_accum_dtype;
 };
 
+// torch_autocast (DeepSpeed 0.17.2+): the parameters stay in fp32 and the forward runs under
+// libtorch's autocast (matrix products in `dtype`), inside Engine::autocast(); the gradients of
+// the parameters of the lower-precision-safe modules are reduced over ranks in `dtype`, the rest
+// in fp32 (NOTE [autocast] in src/engine/autocast.h).
+struct TorchAutocastConfig {
+  bool enabled = false;
+  // "bf16" (DeepSpeed's spellings read as in data_types); unset: the device's autocast default
+  // (bf16 on the CPU, fp16 on a GPU). fp16 is refused: it needs a gradient scaler.
+  std::optional<std::string> dtype;
+  // Class names of the modules whose parameters' gradients are reduced in `dtype`; unset:
+  // Linear and Conv1d/2d/3d. Python's torch.nn names (torch.nn.modules.linear.Linear) name
+  // libtorch's modules; a C++ module's class is named as Module::name() gives it, with or without
+  // its "Impl" suffix. An entry that names no module of the model is an error.
+  std::optional<std::vector<std::string>> lower_precision_safe_modules;
+};
+
 struct CheckpointConfig {
   // What to do when ranks save under different tags: "Ignore", "Warn" (default) or "Fail";
   // matched case-insensitively, stored in this spelling.
@@ -592,6 +608,7 @@ struct Config {
   CheckpointConfig checkpoint;
   ActivationCheckpointingConfig activation_checkpointing;
   DataTypesConfig data_types;
+  TorchAutocastConfig torch_autocast;
   ElasticityConfig elasticity;
   CommsLoggerConfig comms_logger;
   FlopsProfilerConfig flops_profiler;

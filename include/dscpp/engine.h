@@ -41,6 +41,9 @@ namespace io {
 class FileSystem;  // include/dscpp/file_system.h
 class AsyncIo;     // include/dscpp/async_io.h
 }  // namespace io
+namespace precision {
+class AutocastScope;
+}
 namespace offload {
 class DeviceLink;  // include/dscpp/device_link.h
 }  // namespace offload
@@ -194,6 +197,27 @@ class Engine {
     Engine& engine_;
   };
   NoSync no_sync() { return NoSync(*this); }
+
+  // RAII scope to run the model's forward in (DeepSpeed's engine runs its own forward in one).
+  // With torch_autocast enabled it turns on libtorch's autocast for the model's device in the
+  // configured dtype (NOTE [autocast] in src/precision/autocast.h), and backward() refuses a loss
+  // whose micro-step opened none; disabled, autocast is off inside (a program's own autocast
+  // around it is switched off, with one warning, as DeepSpeed does). Call backward() after the
+  // scope ends:
+  //     at::Tensor loss;
+  //     { auto autocast = engine->autocast(); loss = model->forward(batch); }
+  //     engine->backward(loss);
+  class Autocast {
+   public:
+    explicit Autocast(Engine& e);
+    ~Autocast();
+    Autocast(const Autocast&) = delete;
+    Autocast& operator=(const Autocast&) = delete;
+
+   private:
+    std::unique_ptr<precision::AutocastScope> scope_;
+  };
+  Autocast autocast() { return Autocast(*this); }
 
   // Saves a checkpoint (docs/checkpoint.md) under DIR/TAG (empty tag: "global_step<N>") and
   // then points DIR/latest at it; a collective, on every rank between optimizer steps (not in

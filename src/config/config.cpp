@@ -671,26 +671,40 @@ void parse_activation_checkpointing(JsonReader& root, ActivationCheckpointingCon
   r.finish();
 }
 
+// DeepSpeed's DtypeEnum spellings (exact case) of fp32, fp16 and bf16, read as those three;
+// anything else (int8 is a DtypeEnum too) fails naming `key`.
+std::string canonical_dtype(JsonReader& r, std::string_view key, const std::string& value) {
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> kNames = {
+      {"fp32", {"fp32", "float32", "float", "torch.float32"}},
+      {"fp16", {"fp16", "float16", "half", "torch.float16"}},
+      {"bf16", {"bf16", "bfloat16", "torch.bfloat16"}}};
+  for (const auto& [name, spellings] : kNames) {
+    if (std::find(spellings.begin(), spellings.end(), value) != spellings.end()) return name;
+  }
+  r.fail(key,
+         "must be fp32, fp16 or bf16 (or DeepSpeed's other spellings of them, such as "
+         "float32 or torch.bfloat16), got \"" +
+             value + "\"");
+  return "";
+}
+
 void parse_data_types(JsonReader& root, DataTypesConfig* d) {
   JsonReader r = root.child("data_types");
-  // DeepSpeed's DtypeEnum spellings (exact case); int8 is one too, for no gradient.
-  if (r.get("grad_accum_dtype", &d->grad_accum_dtype) && d->grad_accum_dtype) {
-    static const std::vector<std::pair<std::string, std::vector<std::string>>> kNames = {
-        {"fp32", {"fp32", "float32", "float", "torch.float32"}},
-        {"fp16", {"fp16", "float16", "half", "torch.float16"}},
-        {"bf16", {"bf16", "bfloat16", "torch.bfloat16"}}};
-    std::string canonical;
-    for (const auto& [name, spellings] : kNames) {
-      if (std::find(spellings.begin(), spellings.end(), *d->grad_accum_dtype) != spellings.end())
-        canonical = name;
-    }
-    if (canonical.empty())
-      r.fail("grad_accum_dtype", "must be fp32, fp16 or bf16 (or DeepSpeed's other spellings of "
-                                 "them, such as float32 or torch.bfloat16), got \"" +
-                                     *d->grad_accum_dtype + "\"");
-    d->grad_accum_dtype = canonical;
-  }
+  if (r.get("grad_accum_dtype", &d->grad_accum_dtype) && d->grad_accum_dtype)
+    d->grad_accum_dtype = canonical_dtype(r, "grad_accum_dtype", *d->grad_accum_dtype);
   r.read_not_honoured();
+  r.finish();
+}
+
+void parse_torch_autocast(JsonReader& root, TorchAutocastConfig* t) {
+  JsonReader r = root.child("torch_autocast");
+  r.get("enabled", &t->enabled);
+  if (r.get("dtype", &t->dtype) && t->dtype) t->dtype = canonical_dtype(r, "dtype", *t->dtype);
+  std::vector<std::string> modules;
+  if (r.has("lower_precision_safe_modules") && !r.raw("lower_precision_safe_modules")->is_null()) {
+    r.get("lower_precision_safe_modules", &modules);
+    t->lower_precision_safe_modules = modules;
+  }
   r.finish();
 }
 
@@ -907,6 +921,7 @@ void parse_root(const json& j, Config* c, std::vector<std::string>* read = nullp
   parse_checkpoint(r, &c->checkpoint);
   parse_activation_checkpointing(r, &c->activation_checkpointing);
   parse_data_types(r, &c->data_types);
+  parse_torch_autocast(r, &c->torch_autocast);
   if (r.has("elasticity"))
     notes.note(
         "elasticity: DeepSpeed 0.19.8 removed elastic training and refuses this section; "
@@ -1236,6 +1251,13 @@ std::string Config::describe() const {
       zero_optimization.offload_param.device == "nvme")
     aio_keys().describe(d, "aio.", aio);
   if (data_types.grad_accum_dtype) d.str("data_types.grad_accum_dtype", *data_types.grad_accum_dtype);
+  if (torch_autocast.enabled) {
+    d.line("torch_autocast.enabled", true);
+    d.str("torch_autocast.dtype", torch_autocast.dtype.value_or("(unset: the device's default)"));
+    if (torch_autocast.lower_precision_safe_modules)
+      d.line("torch_autocast.lower_precision_safe_modules",
+             "[" + join(*torch_autocast.lower_precision_safe_modules, ", ") + "]");
+  }
   if (activation_checkpointing.cpu_checkpointing)
     d.line("activation_checkpointing.cpu_checkpointing", true);
   d.str("checkpoint.tag_validation", checkpoint.tag_validation);

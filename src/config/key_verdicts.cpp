@@ -120,10 +120,6 @@ const std::vector<KeyVerdict> kKeyVerdicts = {
      "they switch DeepSpeed's throughput timer; dscpp's step line always reports throughput and "
      "never synchronizes a device for it",
      ""},
-    {"torch_autocast", R, "{\"enabled\": false}",
-     "torch.autocast runs the forward in a lower precision with fp32 weights; dscpp does not "
-     "implement it yet",
-     "set torch_autocast.enabled to false, or use bf16 (bf16 weights, fp32 master weights)"},
     {"data_types.param_dtype", U, "",
      "DeepSpeed only asserts that it matches fp16/bf16.enabled; the precision sections decide", ""},
     {"data_types.buffer_dtype", R, "[null]",

@@ -10,6 +10,18 @@
 
 namespace dscpp::engine {
 
+std::vector<std::string> check_config(Config& config, const SupportContext& context,
+                                      const std::string& where) {
+  const std::vector<std::string> engine = check_supported(config, context);
+  DSCPP_CHECK(context.world > 0, ConfigError,
+              "the world size is not known here (the hosts come from the launcher at run time). "
+              "HINT: give --hostfile or --num_nodes and --num_procs to check the batch against it");
+  config.resolve_batch(context.world, where);
+  std::vector<std::string> warnings = config.warnings;
+  warnings.insert(warnings.end(), engine.begin(), engine.end());
+  return warnings;
+}
+
 std::vector<std::string> check_supported(const Config& c, const SupportContext& ctx) {
   std::vector<std::string> warnings;
   const auto& z = c.zero_optimization;
@@ -119,6 +131,35 @@ std::vector<std::string> check_supported(const Config& c, const SupportContext& 
         "BF16 optimizer (bf16 at ZeRO stage 1 with data_types.grad_accum_dtype \"fp32\", no "
         "offload_optimizer), whose fp32 accumulation dscpp does as it asks; training is "
         "unchanged");
+  }
+
+  // torch_autocast (NOTE [autocast] in src/precision/autocast.h).
+  const auto& ac = c.torch_autocast;
+  if (ac.enabled) {
+    DSCPP_CHECK(!c.fp16.enabled, ConfigError,
+                "torch_autocast with fp16.enabled: the parameters would be fp16 under an "
+                "autocast of their own. HINT: use one of them (torch_autocast keeps the "
+                "parameters in fp32; fp16 casts them)");
+    const c10::DeviceType device =
+        ctx.device.rfind("cpu", 0) == 0 ? c10::DeviceType::CPU : c10::DeviceType::CUDA;
+    const at::ScalarType low = autocast_dtype(c, device);
+    DSCPP_CHECK(
+        low == at::kBFloat16, ConfigError, "torch_autocast in ", low == at::kHalf ? "fp16" : "fp32",
+        ac.dtype ? "" : " (libtorch's default on a GPU: torch_autocast.dtype is unset)",
+        low == at::kHalf ? " is not implemented yet: fp16 needs a gradient scaler (DeepSpeed's "
+                           "torch.amp.GradScaler), which dscpp's fp32 path does not have"
+                         : " changes nothing: the parameters are fp32 already",
+        ". HINT: set torch_autocast.dtype to \"bfloat16\"");
+    DSCPP_CHECK(!z.zero_quantized_weights, ConfigError,
+                "Cannot enable both torch autocast and zero quantized weights (DeepSpeed's "
+                "rule). HINT: remove one of torch_autocast and zero_quantized_weights");
+    if (c.communication_data_type) {
+      warnings.push_back(
+          "communication_data_type \"" + *c.communication_data_type +
+          "\" is not read with torch_autocast: as in DeepSpeed 0.19.8, the gradients of the "
+          "lower-precision-safe modules' parameters are reduced in the autocast dtype and the "
+          "others in the parameters' own");
+    }
   }
 
   if (ctx.world > 0 && ctx.host_group > 0)

@@ -38,6 +38,12 @@ struct SupportContext {
 // rank 0 by the caller) for settings that are accepted but not acted on.
 std::vector<std::string> check_supported(const Config& config, const SupportContext& context);
 
+// What `dscpp check` decides on `config` for a job of context.world ranks (> 0): check_supported,
+// then the batch triangle resolved at that world size (`where` names where it came from, for the
+// error). Throws ConfigError as initialize() would; returns every warning, the parser's first.
+std::vector<std::string> check_config(Config& config, const SupportContext& context,
+                                      const std::string& where);
+
 // zero_optimization.zero_hpz_partition_size (NOTE [secondary partition] in src/zero/fetcher.h)
 // against `host` ranks sharing memory among `world` (collectives: the backend, for the error):
 // the secondary partition's size (1: none). Throws ConfigError; adds the no-effect warning.

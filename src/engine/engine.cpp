@@ -6,6 +6,7 @@
 
 #include "dscpp/error.h"
 #include "engine/engine_impl.h"
+#include "util/log.h"
 
 namespace dscpp {
 
@@ -57,6 +58,27 @@ void Engine::set_tokens_per_sample(int64_t tokens) { impl_->tokens_per_sample_ =
 
 Engine::NoSync::NoSync(Engine& e) : engine_(e) { engine_.impl_->enter_no_sync(); }
 Engine::NoSync::~NoSync() { engine_.impl_->leave_no_sync(); }
+
+Engine::Autocast::Autocast(Engine& e) {
+  engine::EngineImpl& impl = *e.impl_;
+  if (impl.autocast_) {
+    ++impl.autocast_scopes_;
+    scope_ = std::make_unique<precision::AutocastScope>(*impl.autocast_);
+    return;
+  }
+  precision::AutocastState off = precision::AutocastState::current();
+  if (!off.any()) return;
+  if (!impl.warned_outer_autocast_ && impl.comm_->rank() == 0) {
+    DSCPP_LOG_WARN(
+        "libtorch's autocast is on around engine->autocast() while torch_autocast is disabled: "
+        "it is off inside, as in DeepSpeed (the bf16 / fp16 sections decide the precision). "
+        "HINT: to train under autocast, enable the config's torch_autocast section");
+  }
+  impl.warned_outer_autocast_ = true;
+  off.cpu = off.cuda = false;
+  scope_ = std::make_unique<precision::AutocastScope>(off);
+}
+Engine::Autocast::~Autocast() = default;
 
 std::shared_ptr<Engine> initialize(std::shared_ptr<torch::nn::Module> model,
                                    const std::string& config_path_or_json, InitOptions options) {

@@ -26,6 +26,7 @@
 #include "dscpp/optim.h"
 #include "dscpp/safetensors.h"
 #include "monitor/monitor.h"
+#include "precision/autocast.h"
 #include "precision/loss_scaler.h"
 #include "precision/part_store.h"
 #include "profiling/flops_profiler.h"
@@ -78,6 +79,12 @@ class EngineImpl {
   int64_t global_samples_ = 0;
   int64_t tokens_per_sample_ = 0;
   StepStats last_step_;
+  // torch_autocast (NOTE [autocast] in src/precision/autocast.h): what Engine::autocast() puts in
+  // force (unset: torch_autocast disabled), the scopes opened since the last backward, and
+  // whether the warning about a program's own autocast was given.
+  std::optional<precision::AutocastState> autocast_;
+  int64_t autocast_scopes_ = 0;
+  bool warned_outer_autocast_ = false;
 
  private:
   // ----- set-up steps (setup.cpp), in the order the constructor runs them

@@ -90,6 +90,8 @@ at::ScalarType training_dtype(const Config& config) {
 }
 
 at::ScalarType communication_dtype(const Config& config) {
+  // torch_autocast (accepted in bf16 only): its dtype, that of the safe modules' gradients.
+  if (config.torch_autocast.enabled) return at::kBFloat16;
   if (!config.communication_data_type) return training_dtype(config);
   const std::string& t = *config.communication_data_type;  // the parser allows these three
   return t == "fp32" ? at::kFloat : t == "bf16" ? at::kBFloat16 : at::kHalf;
@@ -100,6 +102,12 @@ at::ScalarType gradient_dtype(const Config& config, int stage) {
                                  config.data_types.grad_accum_dtype == "fp32" &&
                                  config.zero_optimization.offload_optimizer.device == "none";
   return fp32_accumulation ? at::kFloat : training_dtype(config);
+}
+
+at::ScalarType autocast_dtype(const Config& config, c10::DeviceType device) {
+  const auto& d = config.torch_autocast.dtype;
+  if (!d) return device == c10::DeviceType::CPU ? at::kBFloat16 : at::kHalf;
+  return *d == "fp32" ? at::kFloat : *d == "bf16" ? at::kBFloat16 : at::kHalf;
 }
 
 ConfiguredBatch configured_batch(const Config& config, int world) {
@@ -129,6 +137,11 @@ EstimateInput gpt_estimate_input(const models::GPTConfig& gpt, const Config& con
   in.activations = gpt.activation_bytes(configured_batch(config, world).micro,
                                         training_dtype(config), checkpointing,
                                         on_gpu ? c10::DeviceType::CUDA : c10::DeviceType::CPU);
+  // torch_autocast: the 16-bit copy of each weight autograd keeps for backward (NOTE [autocast]),
+  // of every unit, or of one being recomputed under checkpointing. (The activations are
+  // counted in fp32, more than autocast keeps.)
+  if (config.torch_autocast.enabled)
+    in.activations += (checkpointing ? gpt.block_parameters() : gpt.num_parameters()) * 2;
   return in;
 }
 

@@ -141,13 +141,17 @@ struct Estimate {
 };
 
 // The dtype `config` trains in (bf16, fp16 or fp32), and the one its gradients are reduced in
-// (communication_data_type; unset: the training dtype).
+// (communication_data_type; unset: the training dtype; with torch_autocast its dtype, that of
+// the gradients of its lower-precision-safe modules).
 at::ScalarType training_dtype(const Config& config);
 at::ScalarType communication_dtype(const Config& config);
 // The dtype the gradients accumulate in at `stage`: fp32 at stage 1 in bf16 with
 // data_types.grad_accum_dtype "fp32" and no optimizer offload (DeepSpeed 0.19.8's BF16
 // optimizer); the training dtype otherwise (check_supported says where the key does nothing).
 at::ScalarType gradient_dtype(const Config& config, int stage);
+// torch_autocast's dtype on `device` (NOTE [autocast] in src/precision/autocast.h): the config's,
+// else libtorch's default there (bf16 on the CPU, fp16 on a GPU).
+at::ScalarType autocast_dtype(const Config& config, c10::DeviceType device);
 
 // The micro-batch and gradient accumulation steps `config` resolves to at `world` ranks (with
 // elasticity, the elastic batch's); one sample, no accumulation when the config names no batch

@@ -223,6 +223,11 @@ void EngineImpl::open_monitors() {
 
 void EngineImpl::choose_precision() {
   dtype_ = engine::training_dtype(config_);
+  if (config_.torch_autocast.enabled) {  // NOTE [autocast]
+    c10::DeviceType device = c10::DeviceType::CPU;
+    for (const auto& p : model_->parameters()) device = p.device().type();
+    autocast_ = precision::autocast_on(device, engine::autocast_dtype(config_, device));
+  }
   if (config_.fp16.enabled) {
     scaler_ = std::make_unique<precision::LossScaler>(
         precision::LossScalerOptions::from_config(config_.fp16));
@@ -282,12 +287,23 @@ zero::StrategyOptions EngineImpl::strategy_options(const zero::FlatLayout& layou
   if (grads != dtype_) so.reduce.accumulate_dtype = grads;
   const at::ScalarType wire = engine::communication_dtype(config_);
   if (wire != grads) so.reduce.wire_dtype = wire;
+  if (autocast_) {
+    // NOTE [autocast]: the safe modules' parameters in the autocast dtype, the rest as trained.
+    so.reduce.wire_dtype.reset();
+    const at::ScalarType low = autocast_->cpu ? autocast_->cpu_dtype : autocast_->cuda_dtype;
+    const auto& modules = config_.torch_autocast.lower_precision_safe_modules;
+    for (const std::string& name : precision::lower_precision_parameters(
+             *model_, modules ? *modules : precision::default_lower_precision_modules()))
+      so.reduce.wire_dtype_of[name] = low;
+  }
   so.allgather_bucket_size = zero::capped_bucket_size(zc.allgather_bucket_size, layout.numel);
   // Stage 0 in fp32: the statistics ride in the gradient all-reduce (NOTE [side channel] in
   // zero/all_reduce.h): [0] the window's loss sum, [1] its micro-steps, [2 + r] rank r's flags
   // (window_flags()). Otherwise one small all-reduce at the boundary carries them.
   so.side_channel =
-      stage == 0 && dtype_ == at::kFloat && !so.reduce.wire_dtype ? 2 + comm_->world_size() : 0;
+      stage == 0 && dtype_ == at::kFloat && !so.reduce.wire_dtype && so.reduce.wire_dtype_of.empty()
+          ? 2 + comm_->world_size()
+          : 0;
   std::string capped;
   if (so.reduce.reduce_bucket_size < zc.reduce_bucket_size) {
     capped = fmt::format("reduce_bucket_size {} -> {}", zc.reduce_bucket_size,

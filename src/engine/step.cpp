@@ -97,6 +97,13 @@ void EngineImpl::backward(const at::Tensor& loss) {
               gas,
               " calls (the DDP habit of several backward() calls and one "
               "step() accumulates here through gradient_accumulation_steps instead)");
+  // NOTE [autocast]: a forward outside Engine::autocast() would train fp32 gradients silently.
+  DSCPP_CHECK(!autocast_ || autocast_scopes_ > 0, Error,
+              "torch_autocast is enabled, but this micro-step's forward ran outside "
+              "engine->autocast(), so it computed in fp32. HINT: run the forward inside the "
+              "scope: { auto autocast = engine->autocast(); loss = model->forward(...); } "
+              "engine->backward(loss); or disable torch_autocast");
+  autocast_scopes_ = 0;
   strategy_->before_backward(loss);
   auto t0 = Clock::now();
   if (profiler_) profiler_->set_phase(profiling::Phase::backward);

@@ -4,5 +4,6 @@
 target_sources(dscpp_base PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/loss_scaler.cpp)
 target_sources(dscpp PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/autocast.cpp
   ${CMAKE_CURRENT_LIST_DIR}/part_store.cpp
   ${CMAKE_CURRENT_LIST_DIR}/device_copies.cpp)

@@ -26,8 +26,9 @@ AllReduceReducer::AllReduceReducer(std::vector<at::Tensor> params, std::vector<s
       buffer_(params_, segments_, padded, side_channel, buffer_options_) {
   DSCPP_CHECK(!options_.accumulate_dtype, Error,
               "internal: gradients accumulate in a dtype of their own at stage 1 only");
-  DSCPP_CHECK(side_channel == 0 || (options_.dtype == at::kFloat && !options_.wire_dtype), Error,
-              "internal: the gradient side channel needs fp32 all-reduce");
+  DSCPP_CHECK(side_channel == 0 || (options_.dtype == at::kFloat && !options_.wire_dtype &&
+                                    options_.wire_dtype_of.empty()),
+              Error, "internal: the gradient side channel needs fp32 all-reduce");
   install_hooks();
 }
 
@@ -47,7 +48,7 @@ void AllReduceReducer::launch_locked(Bucket& b) {
                      ? buffer_.storage().narrow(0, 0, side + b.numel)
                      : buffer_.grads().narrow(0, b.offset, b.numel);
   InFlight f;
-  at::Tensor wire = on_wire(t, 0, t.numel(), f);
+  at::Tensor wire = on_wire(b, t, 0, t.numel(), f);
   at::Tensor grads = wire.narrow(0, wire.numel() - b.numel, b.numel);
   prescale(grads);
   // The side channel's values are sums, so its bucket is summed and divided afterwards.

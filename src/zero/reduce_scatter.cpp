@@ -39,8 +39,8 @@ void InPlaceReducer::launch_locked(Bucket& b) {
   f.result = staging.narrow(0, from, count);
   f.shard_pos = own_start - comm_.rank() * groups_[0].shard;
   // All-reduced, the whole bucket is the sum and comes back (the buffer is read whole after).
-  at::Tensor wire = options_.reduce_scatter ? on_wire(staging, from, count, f)
-                                            : on_wire(staging, 0, b.numel, f);
+  at::Tensor wire = options_.reduce_scatter ? on_wire(b, staging, from, count, f)
+                                            : on_wire(b, staging, 0, b.numel, f);
   prescale(wire);
   f.work = options_.reduce_scatter
                ? comm_.reduce_scatter(wire.narrow(0, from, count), wire, counts, reduce_op())
@@ -242,7 +242,7 @@ void SlotReducer::launch_locked(Bucket& b) {
   f.result = staging.narrow(0, from, count);
   f.shard_pos = g.shard_base + own_start - (g.base + comm_.rank() * g.shard);
   f.slot = b.slot;
-  at::Tensor wire = on_wire(staging, from, count, f);
+  at::Tensor wire = on_wire(b, staging, from, count, f);
   prescale(wire);
   at::Tensor out = wire.narrow(0, from, count);
   if (!options_.reduce_scatter) {

@@ -79,14 +79,26 @@ GradReducer::GradReducer(std::vector<at::Tensor> params, std::vector<std::string
   DSCPP_CHECK(param_group_.size() == params_.size() && segments_.size() == params_.size(), Error,
               "internal: ", params_.size(), " parameters, ", segments_.size(), " segments and ",
               param_group_.size(), " group indices");
-  // Buckets from the end of the flat space; a parameter is never split, a group never crossed.
+  // Each parameter's wire dtype, unset where it is the buffers' (NOTE [wire dtype]).
+  auto wire_of = [this](int i) {
+    const auto own = options_.wire_dtype_of.find(names_[i]);
+    std::optional<at::ScalarType> w =
+        own != options_.wire_dtype_of.end() ? own->second : options_.wire_dtype;
+    if (w == buffer_options_.dtype().toScalarType()) w.reset();
+    return w;
+  };
+  // Buckets from the end of the flat space; a parameter is never split, a group or a change of
+  // wire dtype never crossed.
   bucket_of_param_.assign(params_.size(), -1);
   for (int i = static_cast<int>(params_.size()) - 1; i >= 0; --i) {
+    const std::optional<at::ScalarType> wire = wire_of(i);
     if (buckets_.empty() || buckets_.back().group != param_group_[i] ||
+        buckets_.back().wire != wire ||
         (buckets_.back().numel + segments_[i].second > options_.reduce_bucket_size &&
          !buckets_.back().params.empty())) {
       buckets_.emplace_back();
       buckets_.back().group = param_group_[i];
+      buckets_.back().wire = wire;
     }
     Bucket& b = buckets_.back();
     b.params.push_back(i);
@@ -334,11 +346,11 @@ void GradReducer::retire_oldest_locked() {
     on_final_piece_(f.shard_pos, final_piece_locked(f));
 }
 
-at::Tensor GradReducer::on_wire(const at::Tensor& staging, int64_t from, int64_t count,
-                                InFlight& f) {
-  if (!options_.wire_dtype || *options_.wire_dtype == staging.scalar_type()) return staging;
+at::Tensor GradReducer::on_wire(const Bucket& b, const at::Tensor& staging, int64_t from,
+                                int64_t count, InFlight& f) {
+  if (!b.wire || *b.wire == staging.scalar_type()) return staging;
   while (static_cast<int64_t>(in_flight_.size()) >= kWireCopiesInFlight) retire_oldest_locked();
-  at::Tensor wire = staging.to(*options_.wire_dtype);
+  at::Tensor wire = staging.to(*b.wire);
   f.wire = wire.narrow(0, from, count);
   f.wire_into = staging.narrow(0, from, count);
   return wire;

@@ -36,9 +36,11 @@
 // into the bucket's own place (rounded once into the training dtype), before anything reads it.
 // A post-scale (prescale_gradients, gradient_predivide_factor) is then applied in the training
 // dtype, a second rounding; DeepSpeed applies it before the copy back.
+// With torch_autocast the wire dtype is a parameter's own (ReduceOptions::wire_dtype_of): a
+// bucket holds parameters of one wire dtype.
 // At most kWireCopiesInFlight such copies exist: a launch waits for the oldest reduction in
-// flight beyond that. Only the gradients' reductions change: parameters are gathered in the training dtype
-// (DeepSpeed's engine.allreduce_bucket and ZeRO's average_tensor do the same).
+// flight beyond that. Only the gradients' reductions change: parameters are gathered in the
+// training dtype (DeepSpeed's engine.allreduce_bucket and ZeRO's average_tensor do the same).
 //
 // Threading: hooks run on the autograd thread(s); the bucket state is guarded by a mutex.
 // Reductions run on the communicator's thread; they are waited for ("retired") in launch order.
@@ -49,6 +51,7 @@
 
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -75,6 +78,10 @@ struct ReduceOptions {
   // communication_data_type, when it differs from the gradient buffers' dtype (NOTE [wire
   // dtype]); unset: theirs.
   std::optional<at::ScalarType> wire_dtype;
+  // torch_autocast (NOTE [autocast] in src/precision/autocast.h): the parameters, by name, whose
+  // gradients are reduced in a dtype of their own whatever wire_dtype says (DeepSpeed's
+  // comm_dtype of a parameter). Buckets are cut where the wire dtype changes.
+  std::map<std::string, at::ScalarType> wire_dtype_of;
   // Elements per bucket (DeepSpeed's unit), used as given: the engine applies the cap.
   int64_t reduce_bucket_size = 500000000;
   bool prescale_gradients = false;
@@ -164,6 +171,8 @@ class GradReducer {
     int pending = 0;
     bool launched = false;
     int slot = -1;  // stages 2-3: the staging slot its gradients accumulate in, or -1
+    // The dtype its gradients are reduced in when not the buffers' (NOTE [wire dtype]).
+    std::optional<at::ScalarType> wire;
   };
   // A launched reduction of one bucket: where its result lands.
   struct InFlight {
@@ -219,10 +228,11 @@ class GradReducer {
   // After finish_backward waited for everything, unlocked.
   virtual void after_finish() {}
 
-  // What goes on the wire for `staging` (NOTE [wire dtype]): `staging` itself, or a copy in the
-  // wire dtype, whose reduced [from, from + count) f copies back into staging's when retired.
-  // Call under the lock, before pushing f.
-  at::Tensor on_wire(const at::Tensor& staging, int64_t from, int64_t count, InFlight& f);
+  // What goes on the wire for bucket b's `staging` (NOTE [wire dtype]): `staging` itself, or a
+  // copy in b's wire dtype, whose reduced [from, from + count) f copies back into staging's when
+  // retired. Call under the lock, before pushing f.
+  at::Tensor on_wire(const Bucket& b, const at::Tensor& staging, int64_t from, int64_t count,
+                     InFlight& f);
   // Waits for the oldest reduction in flight, then on_reduced_locked and release_slot_locked
   // (the slot is released even when the wait throws).
   void retire_oldest_locked();

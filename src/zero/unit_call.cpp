@@ -11,6 +11,7 @@
 
 #include "dscpp/error.h"
 #include "dscpp/safetensors.h"
+#include "precision/autocast.h"
 #include "profiling/flops_profiler.h"
 #include "zero/stage3.h"
 #include "zero/unit_functions.h"
@@ -177,6 +178,12 @@ torch::autograd::variable_list CheckpointFn::forward(torch::autograd::AutogradCo
   ctx->save_for_backward(kept);
   ctx->saved_data["requires_grad"] = requires_grad;
   ctx->saved_data["device"] = device;
+  // The recomputation in backward runs under the autocast settings of this forward (NOTE
+  // [autocast] in src/precision/autocast.h), as PyTorch's checkpoint does.
+  const precision::AutocastState ac = precision::AutocastState::current();
+  ctx->saved_data["autocast"] =
+      c10::List<int64_t>({ac.cpu, ac.cuda, static_cast<int64_t>(ac.cpu_dtype),
+                          static_cast<int64_t>(ac.cuda_dtype), ac.cache});
   at::NoGradGuard no_grad;  // forward keeps no activations (Function::apply runs us without grad)
   return (*fn)(in);
 }
@@ -201,9 +208,17 @@ torch::autograd::variable_list CheckpointFn::backward(torch::autograd::AutogradC
     if (requires_grad.get(i)) d.requires_grad_(true);
     inputs.push_back(d);
   }
+  const c10::List<int64_t> ac = ctx->saved_data["autocast"].toIntList();
+  precision::AutocastState forward_autocast;
+  forward_autocast.cpu = ac.get(0) != 0;
+  forward_autocast.cuda = ac.get(1) != 0;
+  forward_autocast.cpu_dtype = static_cast<at::ScalarType>(ac.get(2));
+  forward_autocast.cuda_dtype = static_cast<at::ScalarType>(ac.get(3));
+  forward_autocast.cache = ac.get(4) != 0;
   torch::autograd::variable_list outputs;
   {
     at::AutoGradMode enable(true);
+    precision::AutocastScope autocast(forward_autocast);
     outputs = (*holder->fn)(inputs);
   }
   torch::autograd::variable_list outs, out_grads;

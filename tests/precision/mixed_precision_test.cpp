@@ -2,16 +2,20 @@
 // (src/precision/master_weights.h) at every stage, and fp16 follows DeepSpeed's dynamic loss
 // scaler (src/precision/loss_scaler.h) across ranks, driven by injected overflows.
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
+#include <torch/nn/module.h>
 
 #include <map>
+#include <mutex>
 #include <string>
-#include <torch/nn/module.h>
 
 #include "dscpp/engine.h"
 #include "dscpp/error.h"
+#include "dscpp/zero_unit.h"
 #include "engine/estimate.h"
 #include "engine/test_net.h"
+#include "precision/autocast.h"
 #include "support/errors.h"
 #include "support/temp_dir.h"
 #include "support/thread_ranks.h"
@@ -186,6 +190,178 @@ TEST(EngineMixedPrecision, Bf16MasterWeightsAreTheParameters) {
         }
       }
     }
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+}
+
+// torch_autocast's test model: Linear layers around a module of its own class (Gain), whose
+// product with a bf16 activation autocast leaves in fp32; the block may be checkpointed.
+struct GainImpl : torch::nn::Module {
+  GainImpl() { g = register_parameter("g", at::linspace(0.8, 1.2, 16)); }
+  at::Tensor forward(const at::Tensor& x) { return x * g; }
+  at::Tensor g;
+};
+TORCH_MODULE(Gain);
+struct AutocastBlockImpl : torch::nn::Module {
+  AutocastBlockImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(8, 16));
+    gain = register_module("gain", Gain());
+  }
+  at::Tensor forward(const at::Tensor& x) { return gain->forward(at::tanh(fc1->forward(x))); }
+  torch::nn::Linear fc1{nullptr};
+  Gain gain{nullptr};
+};
+TORCH_MODULE(AutocastBlock);
+struct AutocastNetImpl : torch::nn::Module {
+  explicit AutocastNetImpl(bool checkpointed) : checkpointed(checkpointed) {
+    block = register_module("block", AutocastBlock());
+    fc2 = register_module("fc2", torch::nn::Linear(16, 4));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    auto run = [b = block.ptr()](const at::Tensor& y) { return b->forward(y); };
+    at::Tensor h = checkpointed ? zero::checkpoint(*block, run, x) : zero::call(*block, run, x);
+    return zero::call(
+        *fc2, [this](const at::Tensor& y) { return fc2->forward(y); }, h);
+  }
+  bool checkpointed;
+  AutocastBlock block{nullptr};
+  torch::nn::Linear fc2{nullptr};
+};
+TORCH_MODULE(AutocastNet);
+
+// The same weights on every thread (the ranks share libtorch's generator).
+AutocastNet make_autocast_net(bool checkpointed) {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> g(mu);
+  at::manual_seed(3);
+  return AutocastNet(checkpointed);
+}
+
+// torch_autocast (NOTE [autocast]): the parameters stay fp32, the forward inside
+// engine->autocast() computes the Linear layers in bf16, and the Linear parameters' gradients
+// are reduced in bf16 (the mean of the ranks' rounded once, as DeepSpeed's bucket copy does)
+// while Gain's stay fp32. Three SGD steps on 1 and 2 ranks at every stage, with the block
+// checkpointed or not, equal bit for bit a twin run by hand under libtorch's autocast with those
+// roundings. With lower_precision_safe_modules naming Gain's class, Gain's gradient is the
+// rounded one instead (even on one rank: a Linear's gradient under autocast is bf16 already, the
+// fp32 product with Gain is not), so the runs together fail an engine that rounds all
+// gradients, or none.
+TEST(EngineMixedPrecision, TorchAutocastComputesInBf16OnFp32Weights) {
+  const std::string sgd =
+      R"(, "gradient_clipping": 0, "optimizer": {"type": "SGD", "params": {"lr": 0.1}})";
+  const at::Tensor X = dataset_x().narrow(0, 0, 4), Y = dataset_y().narrow(0, 0, 4);
+  for (int world : {1, 2}) {
+    auto errors = run_thread_ranks(world, [&](Communicator& c) {
+      const int64_t b = 4 / world;
+      for (const std::string modules : {"", R"(, "lower_precision_safe_modules": ["GainImpl"])"}) {
+        for (int stage : {0, 1, 2, 3}) {
+          for (bool checkpointed : {false, true}) {
+            const std::string what = std::to_string(world) + " rank(s), stage " +
+                                     std::to_string(stage) + (checkpointed ? " checkpointed" : "") +
+                                     modules;
+            const std::string cfg = config_json(4, b,
+                                                sgd + R"(, "torch_autocast": {"enabled": true)" +
+                                                    modules + "}" + zero_stage(stage));
+            AutocastNet net = make_autocast_net(checkpointed), twin = make_autocast_net(false);
+            auto bf16_wire = [&](const std::string& name) {
+              return (name.find("gain") != std::string::npos) == !modules.empty();
+            };
+            auto engine = initialize(net.ptr(), cfg, borrowed(c));
+            for (int step = 0; step < 3; ++step) {
+              at::Tensor out;
+              {
+                auto autocast = engine->autocast();
+                out = net->forward(X.narrow(0, c.rank() * b, b));
+              }
+              EXPECT_EQ(out.scalar_type(), at::kBFloat16) << what;
+              engine->backward(at::mse_loss(out.to(at::kFloat), Y.narrow(0, c.rank() * b, b)));
+              engine->step();
+              // The twin: each rank's gradient under libtorch's autocast (rounded to bf16 where
+              // the wire is bf16), their mean in fp32 (exact for two ranks), rounded again.
+              std::map<std::string, at::Tensor> sum;
+              for (int r = 0; r < world; ++r) {
+                {
+                  precision::AutocastScope autocast(
+                      precision::autocast_on(c10::DeviceType::CPU, at::kBFloat16));
+                  out = twin->forward(X.narrow(0, r * b, b));
+                }
+                at::mse_loss(out.to(at::kFloat), Y.narrow(0, r * b, b)).backward();
+                for (const auto& item : twin->named_parameters()) {
+                  at::Tensor& g = item.value().mutable_grad();
+                  if (bf16_wire(item.key())) g = g.to(at::kBFloat16).to(at::kFloat);
+                  sum[item.key()] = r == 0 ? g.clone() : sum[item.key()] + g;
+                  g = at::Tensor();
+                }
+              }
+              at::NoGradGuard no_grad;
+              for (const auto& item : twin->named_parameters()) {
+                at::Tensor g = sum[item.key()] / world;
+                if (bf16_wire(item.key())) g = g.to(at::kBFloat16).to(at::kFloat);
+                item.value().add_(g, -0.1);
+              }
+            }
+            auto mine = net->named_parameters();
+            for (const auto& item : twin->named_parameters()) {
+              EXPECT_EQ(mine[item.key()].scalar_type(), at::kFloat) << what;
+              EXPECT_TRUE(at::equal(mine[item.key()], item.value())) << what << ": " << item.key();
+            }
+          }
+        }
+      }
+    });
+    for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+  }
+  auto errors = run_thread_ranks(1, [&](Communicator& c) {
+    // A forward outside the scope trains fp32 gradients: refused at backward.
+    AutocastNet net(false);
+    auto engine =
+        initialize(net.ptr(), config_json(4, 4, sgd + R"(, "torch_autocast": {"enabled": true})"),
+                   borrowed(c));
+    try {
+      engine->backward(at::mse_loss(net->forward(X), Y));
+      ADD_FAILURE() << "a forward outside engine->autocast() was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(
+          std::string(e.what()).find("this micro-step's forward ran outside engine->autocast()"),
+          std::string::npos)
+          << e.what();
+    }
+    // A class the model does not have: named, with the classes it has.
+    AutocastNet other(false);
+    try {
+      initialize(
+          other.ptr(),
+          config_json(
+              4, 4,
+              sgd +
+                  R"(, "torch_autocast": {"enabled": true, "lower_precision_safe_modules": ["torch.nn.Conv2d", "Gian"]})"),
+          borrowed(c));
+      ADD_FAILURE() << "a lower_precision_safe_modules entry naming no module was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(
+          std::string(e.what()).find("\"torch.nn.Conv2d\" names no module of the model (read as "
+                                     "the C++ class torch::nn::Conv2d); its module classes are: "),
+          std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("GainImpl"), std::string::npos) << e.what();
+    }
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+}
+
+// Without torch_autocast the scope switches a program's own autocast off inside (DeepSpeed's
+// autocast_if_enabled): the model computes in fp32.
+TEST(EngineMixedPrecision, WithoutTorchAutocastTheScopeTurnsAutocastOff) {
+  auto errors = run_thread_ranks(1, [&](Communicator& c) {
+    AutocastNet net(false);
+    auto engine = initialize(net.ptr(), config_json(4, 4, kAdamW), borrowed(c));
+    precision::AutocastScope outer(precision::autocast_on(c10::DeviceType::CPU, at::kBFloat16));
+    EXPECT_EQ(net->forward(dataset_x().narrow(0, 0, 4)).scalar_type(), at::kBFloat16);
+    {
+      auto autocast = engine->autocast();
+      EXPECT_EQ(net->forward(dataset_x().narrow(0, 0, 4)).scalar_type(), at::kFloat);
+    }
+    EXPECT_TRUE(at::autocast::is_autocast_enabled(c10::DeviceType::CPU));
   });
   for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
 }

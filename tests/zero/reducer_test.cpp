@@ -291,6 +291,66 @@ TEST(ZeroReducer, AWireDtypeOfItsOwnReducesInIt) {
   }
 }
 
+// torch_autocast (NOTE [autocast]): a parameter's own wire dtype. In fp32 training w's gradient
+// is reduced in bf16 (each rank's rounded, the mean rounded once) and v's in fp32 (exact: the
+// gradients' fp32 sums are), in buckets of their own however large reduce_bucket_size is.
+// Neither gradient is representable in bf16, so rounding v, or not rounding w, shows. One host:
+// shared memory sums in fp32 and rounds once (across hosts bf16 is summed hop by hop).
+TEST(ZeroReducer, EachParameterReducesInItsOwnWireDtype) {
+  struct TwoVectors : torch::nn::Module {
+    TwoVectors() {
+      w = register_parameter("w", at::zeros({300}));
+      v = register_parameter("v", at::zeros({150}));
+    }
+    at::Tensor w, v;
+  };
+  constexpr int kWorld = 3;
+  auto gradient = [](int rank, int64_t n, int which) {
+    at::Tensor k = (at::arange(n, at::kLong) * (37 + 11 * rank) + 13 * which) % 512 - 256;
+    return k.to(at::kFloat) / 64 * (1 + 1.0 / 1024);
+  };
+  auto mean = [&](int64_t n, int which, bool bf16) {
+    at::Tensor sum = at::zeros({n});
+    for (int r = 0; r < kWorld; ++r) {
+      const at::Tensor g = gradient(r, n, which);
+      sum += bf16 ? g.to(at::kBFloat16).to(at::kFloat) : g;
+    }
+    sum /= kWorld;
+    return bf16 ? sum.to(at::kBFloat16).to(at::kFloat) : sum;
+  };
+  const at::Tensor want = at::cat({mean(300, 0, true), mean(150, 1, false)});
+  std::vector<int64_t> mismatched(kWorld, 0);
+  auto errors = run_thread_ranks(kWorld, [&](Communicator& c) {
+    for (int stage : {0, 1, 2}) {
+      TwoVectors net;
+      zero::ReduceOptions o;
+      o.wire_dtype_of["w"] = at::kBFloat16;
+      auto reducer = make_reducer(net, c, stage, o);
+      EXPECT_EQ(reducer->num_buckets(), 2u) << "stage " << stage;
+      at::Tensor loss =
+          (net.w * gradient(c.rank(), 300, 0)).sum() + (net.v * gradient(c.rank(), 150, 1)).sum();
+      reducer->prepare_backward(true, loss);
+      loss.backward();
+      reducer->finish_backward();
+      if (stage == 0) {
+        mismatched[c.rank()] +=
+            at::cat({net.w.grad(), net.v.grad()}).ne(want).sum().item<int64_t>();
+        continue;
+      }
+      const int64_t shard = 450 / kWorld;
+      at::Tensor got = stage == 1 ? dynamic_cast<zero::InPlaceReducer&>(*reducer).grad_shard()
+                                  : dynamic_cast<zero::SlotReducer&>(*reducer).grad_shard();
+      ASSERT_EQ(got.scalar_type(), at::kFloat);
+      mismatched[c.rank()] +=
+          got.narrow(0, 0, shard).ne(want.narrow(0, c.rank() * shard, shard)).sum().item<int64_t>();
+    }
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(mismatched[r], 0) << "rank " << r;
+  EXPECT_FALSE(at::equal(mean(300, 0, true), mean(300, 0, false))) << "the test has no power";
+  EXPECT_FALSE(at::equal(mean(150, 1, true), mean(150, 1, false))) << "the test has no power";
+}
+
 // NOTE [accumulation dtype]: stage 1 with an fp32 gradient buffer under bf16 parameters sums
 // the micro-steps' bf16 gradients in fp32 (the buffer is never a .grad), and the reduced shard
 // is the fp32 mean of those sums; a bf16 buffer rounds each partial sum (the test's power).
