@@ -5,6 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "dscpp/config.h"
@@ -297,6 +301,48 @@ TEST(CheckSupported, OffloadAtStageZeroIsDeepSpeedsNoOp) {
   EXPECT_TRUE(
       check(R"(, "zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}})")
           .empty());
+}
+
+// Item 7 of the config audit: configs as DeepSpeed's users write them (tests/config/data, from
+// DeepSpeed's docs and tests, Hugging Face's and DeepSpeedExamples' configs, as data), each with
+// the verdict dscpp check gives at its world size on one host with a CPU model: accepted without
+// a word, accepted with a warning that says `says`, or refused with an error that does.
+TEST(ConfigAudit, RealWorldConfigsGetTheirVerdicts) {
+  std::ifstream f(std::string(DSCPP_SOURCE_DIR) + "/tests/config/data/real_world_configs.json");
+  ASSERT_TRUE(f.good());
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const nlohmann::json cases = nlohmann::json::parse(text, nullptr, true, /*ignore_comments=*/true);
+  std::map<std::string, int> verdicts;
+  for (const auto& c : cases) {
+    const std::string name = c.at("name"), verdict = c.at("verdict"), says = c.at("says");
+    SupportContext context;
+    context.world = c.at("world");
+    context.host_group = context.world;
+    context.collectives = "Gloo over TCP";
+    std::string error;
+    std::vector<std::string> warnings;
+    try {
+      Config config = Config::from_json(c.at("config"));
+      warnings = check_config(config, context, "the audit");
+    } catch (const ConfigError& e) {
+      error = e.what();
+    }
+    ++verdicts[verdict];
+    std::string all;
+    for (const auto& w : warnings) all += w + "\n";
+    if (verdict == "refuse") {
+      EXPECT_NE(error.find(says), std::string::npos)
+          << name << ": " << (error.empty() ? "accepted" : error);
+    } else {
+      EXPECT_EQ(error, "") << name;
+      if (verdict == "accept") EXPECT_EQ(all, "") << name;
+      if (verdict == "warn") EXPECT_NE(all.find(says), std::string::npos) << name << ":\n" << all;
+    }
+  }
+  EXPECT_GE(cases.size(), 25u);
+  EXPECT_GE(verdicts["accept"], 5);
+  EXPECT_GE(verdicts["warn"], 3);
+  EXPECT_GE(verdicts["refuse"], 8);
 }
 
 }  // namespace
