@@ -273,6 +273,10 @@ struct Bf16Config {
   // themselves (each piece widened to fp32 and rounded back once), 4 bytes per parameter fewer.
   // ZeRO stages 1-3. Default false.
   bool bf16_master_weights_and_grads = false;
+  // DeepSpeed 0.19.1+: the optimizer's states in bf16 too (needs bf16_master_weights_and_grads):
+  // each piece widened to fp32 for the step and rounded back once, 2 bytes per state element
+  // instead of 4. Default false.
+  bool bf16_optimizer_states = false;
 };
 
 // ---------------------------------------------------------------------------------------------

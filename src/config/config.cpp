@@ -391,8 +391,9 @@ void parse_bf16(JsonReader& root, Bf16Config* b) {
   r.get("enabled", &b->enabled);
   r.get("immediate_grad_update", &b->immediate_grad_update);
   // DeepSpeed 0.18.3+: bf16 master weights and gradients (check_supported judges it with the
-  // stage and offload); bf16_optimizer_states (0.19.1) is a verdict.
+  // stage and offload); 0.19.1+: bf16 optimizer states (with them).
   r.get("bf16_master_weights_and_grads", &b->bf16_master_weights_and_grads);
+  r.get("bf16_optimizer_states", &b->bf16_optimizer_states);
   r.read_not_honoured();
   r.finish();
 }
@@ -700,11 +701,11 @@ void parse_torch_autocast(JsonReader& root, TorchAutocastConfig* t) {
   JsonReader r = root.child("torch_autocast");
   r.get("enabled", &t->enabled);
   if (r.get("dtype", &t->dtype) && t->dtype) t->dtype = canonical_dtype(r, "dtype", *t->dtype);
+  // null: unset (DeepSpeed's default list), as absent.
+  constexpr const char* kModules = "lower_precision_safe_modules";
   std::vector<std::string> modules;
-  if (r.has("lower_precision_safe_modules") && !r.raw("lower_precision_safe_modules")->is_null()) {
-    r.get("lower_precision_safe_modules", &modules);
-    t->lower_precision_safe_modules = modules;
-  }
+  const bool null = r.has(kModules) && r.raw(kModules)->is_null();
+  if (!null && r.get(kModules, &modules)) t->lower_precision_safe_modules = modules;
   r.finish();
 }
 
@@ -1246,6 +1247,7 @@ std::string Config::describe() const {
   d.line("bf16.enabled", bf16.enabled);
   if (bf16.immediate_grad_update) d.line("bf16.immediate_grad_update", true);
   if (bf16.bf16_master_weights_and_grads) d.line("bf16.bf16_master_weights_and_grads", true);
+  if (bf16.bf16_optimizer_states) d.line("bf16.bf16_optimizer_states", true);
   describe_zero(d, zero_optimization);
   if (zero_optimization.offload_optimizer.device == "nvme" ||
       zero_optimization.offload_param.device == "nvme")

@@ -140,10 +140,6 @@ const std::vector<KeyVerdict> kKeyVerdicts = {
      "fp16 master weights and gradients (DeepSpeed: ZeRO 1-3 with its CPU Adam) change the "
      "update's precision; dscpp keeps fp32 master weights",
      "remove it or set false"},
-    {"bf16.bf16_optimizer_states", R, "[false]",
-     "DeepSpeed 0.19.1+ keeps the optimizer's states in bf16 (with bf16_master_weights_and_grads, "
-     "which dscpp honours); dscpp keeps them in fp32 (not implemented yet)",
-     "remove it or set false"},
     {"bf16.check_grad_overflow", R, "[true]",
      "false applies updates without looking for inf and NaN; dscpp always looks, and stops with "
      "an error naming the first parameter they came from (DeepSpeed 0.19.8 skips the step)",

@@ -124,6 +124,21 @@ std::vector<std::string> check_supported(const Config& c, const SupportContext& 
                 " is not implemented yet: dscpp updates the bf16 parameters where they are, in "
                 "memory. HINT: remove the offload, or bf16_master_weights_and_grads");
   }
+  if (b16.bf16_optimizer_states) {
+    // DeepSpeed 0.19.8's runtime/config.py, in its order and words.
+    DSCPP_CHECK(stage > 0, ConfigError,
+                "bf16_optimizer_states is only supported with ZeRO Stage 1, 2, or 3. (DeepSpeed's "
+                "rule) HINT: set zero_optimization.stage, or remove bf16.bf16_optimizer_states");
+    DSCPP_CHECK(b16.bf16_master_weights_and_grads, ConfigError,
+                "bf16_optimizer_states requires bf16_master_weights_and_grads to be enabled. "
+                "(DeepSpeed's rule) HINT: set bf16.bf16_master_weights_and_grads true, or remove "
+                "bf16.bf16_optimizer_states");
+    // Muon keeps its momentum beside the matrices' updates (NOTE [Muon across ranks]), outside
+    // the store that holds the bf16 states.
+    DSCPP_CHECK(c.optimizer.type != "Muon", ConfigError,
+                "bf16.bf16_optimizer_states with the Muon optimizer is not implemented yet: "
+                "Muon's momentum stays in fp32. HINT: remove bf16_optimizer_states, or use AdamW");
+  }
 
   if (c.bf16.immediate_grad_update && gradient_dtype(c, stage) != at::kFloat) {
     warnings.push_back(

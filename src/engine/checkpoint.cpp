@@ -184,10 +184,14 @@ std::vector<safetensors::StreamedTensor> EngineImpl::checkpoint_tensors(
       const std::string& name = states[i];
       if (store_->on_disk(name)) {
         swapped(name);
-      } else {
-        held(checkpoint::slice_tensor_name(g.name, name),
-             slice(optimizer_->state_values(i, g.part_offset, g.length)));
+        continue;
       }
+      // bf16 states live in the store (written as bf16 and read back as any dtype, as bf16
+      // values are), the others in the optimizer.
+      at::Tensor in_store = store_->state_view(name, g.part_offset, g.length);
+      held(checkpoint::slice_tensor_name(g.name, name),
+           slice(in_store.defined() ? in_store
+                                    : optimizer_->state_values(i, g.part_offset, g.length)));
     }
   }
   {
@@ -618,7 +622,10 @@ uint64_t EngineImpl::read_rank_state(const LoadSource& src, const LoadOptions& o
           target(kValues, [&] { return store_->values(parts, g.part_offset, g.length); })};
       if (load_states) {
         for (size_t s = 0; s < states.size(); ++s) {
-          if (store_->on_disk(states[s]) || optimizer_->state_values_are_views(s)) {
+          at::Tensor in_store = store_->state_view(states[s], g.part_offset, g.length);
+          if (in_store.defined()) {
+            targets.push_back({states[s], in_store, nullptr});
+          } else if (store_->on_disk(states[s]) || optimizer_->state_values_are_views(s)) {
             targets.push_back(target(
                 states[s], [&] { return optimizer_->state_values(s, g.part_offset, g.length); }));
           } else {

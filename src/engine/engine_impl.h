@@ -113,6 +113,8 @@ class EngineImpl {
   // offload_optimizer nvme: this rank's swap file for a part of `part_numel` elements (its fp32
   // values when `with_values`, then the optimizer's states), checked on every rank.
   std::unique_ptr<offload::OptimizerSwapper> build_swapper(int64_t part_numel, bool with_values);
+  // The config optimizer's states, each name with its starting value, in checkpoint order.
+  std::vector<std::pair<std::string, float>> optimizer_state_starts() const;
   // offload_param nvme (stage 3): this rank's parameter swap file for shards of `numels`
   // elements, checked on every rank.
   std::unique_ptr<offload::ParamSwapper> build_param_swapper(const std::vector<int64_t>& numels,

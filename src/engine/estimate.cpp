@@ -241,16 +241,24 @@ Estimate estimate(const EstimateInput& in, const Config& c, int stage,
   // bf16.bf16_master_weights_and_grads: the bf16 parameters are the values (check_supported
   // allows it in memory only); the step widens a piece of them beside a piece of gradients.
   const bool bf16_master = c.bf16.bf16_master_weights_and_grads && stage > 0;
+  // bf16.bf16_optimizer_states: the states in bf16 too, held by the same store.
+  const bool bf16_states = bf16_master && c.bf16.bf16_optimizer_states;
   if (bf16_master) {
     if (e.offload_optimizer == "cpu") e.host_part -= e.master;
     e.master = 0;
+  }
+  if (bf16_states) {
+    if (e.offload_optimizer == "cpu") e.host_part -= e.optimizer_state / 2;
+    e.optimizer_state /= 2;
   }
   if (mixed) {
     // The fp32 gradients the optimizer reads (precision/part_store.cpp's Fp32Grads): one
     // sub-group through the swap file, a piece of 2^22 in memory; none when a bf16 step fuses.
     const bool fuses = c.bf16.enabled && probe && probe->fuses_bf16();
     if (bf16_master) {
-      e.step_scratch = 2 * std::min<int64_t>(int64_t{1} << 20, part) * 4;
+      // A piece of the parameters, of the gradients and of each bf16 state, widened.
+      e.step_scratch =
+          (2 + (bf16_states ? states : 0)) * std::min<int64_t>(int64_t{1} << 20, part) * 4;
     } else if (e.offload_optimizer == "nvme" || e.offload_optimizer == "cpu") {
       e.step_scratch = std::max<int64_t>(1, sub) * 4;
     } else if (!fuses) {

@@ -438,6 +438,7 @@ void EngineImpl::build_strategy() {
   precision::PartStoreOptions po;
   po.dtype = dtype_;
   po.bf16_master = config_.bf16.bf16_master_weights_and_grads;
+  if (config_.bf16.bf16_optimizer_states) po.bf16_states = optimizer_state_starts();
   po.device = device_;
   po.nvme = nvme;
   po.sub_group_size = zc.sub_group_size;
@@ -551,6 +552,14 @@ namespace {
 constexpr decltype(statfs::f_type) kTmpfsMagic = 0x01021994, kRamfsMagic = 0x858458f6;
 }  // namespace
 
+std::vector<std::pair<std::string, float>> EngineImpl::optimizer_state_starts() const {
+  // A fresh optimizer of one element shows each state's name and starting value.
+  std::vector<std::pair<std::string, float>> out;
+  for (const auto& [name, t] : optim::make_optimizer(config_.optimizer, 1, at::kFloat)->state())
+    out.emplace_back(name, t.item<float>());
+  return out;
+}
+
 std::unique_ptr<offload::OptimizerSwapper> EngineImpl::build_swapper(int64_t part_numel,
                                                                      bool with_values) {
   const auto& oo = config_.zero_optimization.offload_optimizer;
@@ -562,10 +571,9 @@ std::unique_ptr<offload::OptimizerSwapper> EngineImpl::build_swapper(int64_t par
     so.names.push_back("fp32 weights");
     so.initial.push_back(0.0f);  // written by the tap as the model is flattened
   }
-  // A fresh optimizer of one element shows each state's name and starting value.
-  for (const auto& [name, t] : optim::make_optimizer(config_.optimizer, 1, at::kFloat)->state()) {
+  for (const auto& [name, initial] : optimizer_state_starts()) {
     so.names.push_back(name);
-    so.initial.push_back(t.item<float>());
+    so.initial.push_back(initial);
   }
   so.sub_group_size = config_.zero_optimization.sub_group_size;
   so.buffer_count = static_cast<int>(std::min<int64_t>(oo.buffer_count, 3));

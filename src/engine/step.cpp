@@ -543,6 +543,7 @@ MemoryStats EngineImpl::memory_stats() {
   m.grads = strategy_->grad_bytes();
   m.master = store_->bytes();
   if (optimizer_) m.optimizer_state = optimizer_->state_bytes();
+  m.optimizer_state += store_->state_bytes();
   m.staging = strategy_->staging_bytes();
   m.gathered = strategy_->gathered_peak_bytes();
   m.offload_buffers = store_->buffer_bytes() + strategy_->param_swap_buffer_bytes() +

@@ -99,14 +99,27 @@ void for_each_piece(const std::vector<zero::Part>& parts, int64_t sub, int64_t p
 // bf16.bf16_master_weights_and_grads (DeepSpeed 0.18.3+: no fp32 master weights) the bf16
 // parameters are the values, and each piece of them and of its gradients is widened to fp32,
 // stepped, and rounded back into the parameters once (what DeepSpeed's CPU Adam does to bf16
-// parameters), so every step's update is rounded to bf16.
+// parameters), so every step's update is rounded to bf16. With bf16.bf16_optimizer_states the
+// store holds the optimizer's states too, in bf16, and widens and rounds back each piece of them
+// beside the parameters' (DeepSpeed's CPU Adam with fp32_optimizer_states false; its fused GPU
+// Adam does the same in registers).
 class ParamsStore final : public PartStore {
  public:
-  explicit ParamsStore(bool widen) : widen_(widen) {}
+  ParamsStore(bool widen, std::vector<std::pair<std::string, float>> bf16_states, at::Device device)
+      : widen_(widen), state_init_(std::move(bf16_states)), device_(device) {
+    DSCPP_CHECK(widen_ || state_init_.empty(), Error,
+                "internal: bf16 optimizer states without bf16 master weights");
+    for (size_t i = 0; i < state_init_.size(); ++i) widened_states_.emplace_back(kBf16MasterPiece);
+  }
   zero::PartTap open(int64_t part_numel) override {
     part_numel_ = part_numel;
+    states_.clear();
+    for (const auto& [name, initial] : state_init_)
+      states_.push_back(
+          at::full({part_numel}, initial, at::TensorOptions(device_).dtype(at::kBFloat16)));
     return nullptr;
   }
+  bool holds_optimizer_states() const override { return !state_init_.empty(); }
   void step(optim::Optimizer& optimizer, const std::vector<zero::Part>& parts,
             optim::StepContext ctx) override {
     if (!widen_) {
@@ -126,8 +139,13 @@ class ParamsStore final : public PartStore {
         at::Tensor params = part.params.narrow(0, off, len);
         at::Tensor w = widened_(params);
         if (len < part_numel_) ctx.offset = part.offset + off;
+        ctx.state.clear();
+        for (size_t s = 0; s < states_.size(); ++s)
+          ctx.state.push_back(widened_states_[s](states_[s].narrow(0, part.offset + off, len)));
         optimizer.step(w, fp32_grads_(part.grads.narrow(0, off, len)), ctx);
         params.copy_(w);
+        for (size_t s = 0; s < states_.size(); ++s)
+          states_[s].narrow(0, part.offset + off, len).copy_(ctx.state[s]);
       }
     }
   }
@@ -136,12 +154,29 @@ class ParamsStore final : public PartStore {
                     int64_t n) const override {
     return values_in_parameters(parts, offset, n);  // bf16: a checkpoint reads them as fp32
   }
+  at::Tensor state_view(const std::string& name, int64_t offset, int64_t n) const override {
+    for (size_t s = 0; s < states_.size(); ++s) {
+      if (state_init_[s].first == name) return states_[s].narrow(0, offset, n);
+    }
+    return {};
+  }
+  int64_t state_bytes() const override {
+    int64_t b = 0;
+    for (const auto& t : states_) b += static_cast<int64_t>(t.nbytes());
+    return b;
+  }
 
  private:
   bool widen_;
   int64_t part_numel_ = 0;
   Fp32Grads fp32_grads_{kBf16MasterPiece};
   Fp32Grads widened_{kBf16MasterPiece};  // the piece's parameters in fp32 (widen_)
+  // bf16 optimizer states: each state's name and starting value, the states [part_numel] bf16,
+  // and a piece of each in fp32 for the step.
+  std::vector<std::pair<std::string, float>> state_init_;
+  at::Device device_;
+  std::vector<at::Tensor> states_;
+  std::vector<Fp32Grads> widened_states_;
 };
 
 // Mixed precision: the optimizer updates fp32 master weights (this rank's part of them, rank 0's
@@ -515,11 +550,15 @@ void PartStore::write(const std::string& what, int64_t, const at::Tensor&) {
 }
 
 std::unique_ptr<PartStore> make_part_store(const PartStoreOptions& options) {
+  DSCPP_CHECK(
+      options.bf16_states.empty() || (options.bf16_master && !options.nvme && !options.link), Error,
+      "internal: bf16 optimizer states outside the bf16 parameters' store");
   if (options.nvme) return std::make_unique<SwapStore>(options);
   if (options.link) return std::make_unique<HostStore>(options);
   if (options.dtype != at::kFloat && !options.bf16_master)
     return std::make_unique<MasterStore>(options.dtype, options.device);
-  return std::make_unique<ParamsStore>(/*widen=*/options.bf16_master);
+  return std::make_unique<ParamsStore>(/*widen=*/options.bf16_master, options.bf16_states,
+                                       options.device);
 }
 
 }  // namespace dscpp::precision

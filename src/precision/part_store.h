@@ -2,7 +2,8 @@
 // The engine picks one at set-up (make_part_store) and never asks which it has:
 //   in the parameters  fp32 training: the part of the flat buffer is the values themselves; so
 //                      with bf16.bf16_master_weights_and_grads (no fp32 copy), whose bf16
-//                      values are widened to fp32 a piece at a time for the step
+//                      values are widened to fp32 a piece at a time for the step, and with
+//                      bf16.bf16_optimizer_states the optimizer's states beside them in bf16
 //   master weights     bf16 / fp16: an fp32 copy of the part in memory, rank 0's original values
 //                      taken as the model is flattened, cast into the parameters after each step
 //   swap file          offload_optimizer nvme (src/offload/optimizer_swapper.h): the optimizer's
@@ -24,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dscpp/optim.h"
@@ -81,11 +83,18 @@ class PartStore {
   virtual void publish(const std::vector<zero::Part>& parts) = 0;
 
   // For checkpoints. `what` is kValues or an optimizer state's name. On disk: read and write
-  // elements [offset, offset + n) of it through fp32 tensors; otherwise the states are the
-  // optimizer's and the values are values(), a view into memory. flush() ends a series of them.
+  // elements [offset, offset + n) of it through fp32 tensors; otherwise the values are
+  // values(), a view into memory, and a state is state_view()'s where the store holds it in
+  // memory (bf16 states), else the optimizer's. flush() ends a series of them.
   virtual bool on_disk(const std::string& what) const { return false; }
   virtual at::Tensor values(const std::vector<zero::Part>& parts, int64_t offset,
                             int64_t n) const = 0;
+  // Elements [offset, offset + n) of the optimizer's state `name` in the store's memory, in the
+  // dtype it is held in; undefined when the store does not hold it there.
+  virtual at::Tensor state_view(const std::string& /*name*/, int64_t /*offset*/,
+                                int64_t /*n*/) const {
+    return {};
+  }
   virtual void read(const std::string& what, int64_t offset, const at::Tensor& dst);
   virtual void write(const std::string& what, int64_t offset, const at::Tensor& src);
   virtual void flush() {}
@@ -93,6 +102,8 @@ class PartStore {
   // Bytes of fp32 values held in memory apart from the parameters (the master weights), and of
   // I/O buffers.
   virtual int64_t bytes() const { return 0; }
+  // Bytes of the optimizer's states held in memory by the store (not by the optimizer).
+  virtual int64_t state_bytes() const { return 0; }
   virtual int64_t buffer_bytes() const { return 0; }
   // What the store's disk did since the last call, for the step line; empty when it has none.
   virtual std::string take_report() { return {}; }
@@ -107,6 +118,9 @@ struct PartStoreOptions {
   at::ScalarType dtype = at::kFloat;  // the training dtype of parameters and gradients
   // bf16.bf16_master_weights_and_grads: the bf16 parameters are the values (in memory only).
   bool bf16_master = false;
+  // bf16.bf16_optimizer_states (with bf16_master): the optimizer's states, each state's name and
+  // starting value, held by the store in bf16 (the optimizer is then built holding none).
+  std::vector<std::pair<std::string, float>> bf16_states;
   at::Device device = at::kCPU;       // the parameters' device
   // offload_optimizer nvme: the swap file, stepped `sub_group_size` elements at a time.
   bool nvme = false;

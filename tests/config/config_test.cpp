@@ -579,17 +579,18 @@ TEST(ConfigPrecision, Bfloat16IsAnAliasOfBf16) {
 
 // DeepSpeed's bf16 master weights (0.18.3+): read as a boolean in the bf16 section's lax way;
 // check_supported judges it with the stage and offload (CheckSupported.Bf16MasterWeights
-// FollowDeepSpeedsRules). bf16 optimizer states (0.19.1) are refused when asked for.
+// FollowDeepSpeedsRules), and so are bf16 optimizer states (0.19.1).
 TEST(ConfigPrecision, Bf16MasterWeightsAndStatesAreRead) {
   Config c = Config::parse(R"({"bf16": {"enabled": true, "bf16_optimizer_states": false,
       "bf16_master_weights_and_grads": 1}})");
   EXPECT_TRUE(c.bf16.bf16_master_weights_and_grads);
-  EXPECT_FALSE(Config::parse(R"({"bf16": {"enabled": true}})").bf16.bf16_master_weights_and_grads);
-  EXPECT_NE(parse_error(R"({"bf16": {"enabled": true, "bf16_master_weights_and_grads": true,
-      "bf16_optimizer_states": true}})")
-                .find("bf16.bf16_optimizer_states: boolean true is not accepted: DeepSpeed 0.19.1+ "
-                      "keeps the optimizer's states in bf16"),
-            std::string::npos);
+  EXPECT_FALSE(c.bf16.bf16_optimizer_states);
+  const Config plain = Config::parse(R"({"bf16": {"enabled": true}})");
+  EXPECT_FALSE(plain.bf16.bf16_master_weights_and_grads);
+  EXPECT_FALSE(plain.bf16.bf16_optimizer_states);
+  EXPECT_TRUE(Config::parse(R"({"bf16": {"enabled": true, "bf16_master_weights_and_grads": true,
+      "bf16_optimizer_states": "true"}})")
+                  .bf16.bf16_optimizer_states);
 }
 
 TEST(ConfigPrecision, Fp16Fields) {
@@ -616,7 +617,7 @@ TEST(ConfigVerdicts, EachClassActsAsItSays) {
     "hybrid_engine": {"enabled": false, "max_out_tokens": 5},
     "compile": {"deepcompile": false, "free_activation": true},
     "tensor_parallel": {"autotp_size": 0, "tp": {"tp_size": 1}},
-    "data_types": {"grad_accum_dtype": null}, "torch_autocast": {"enabled": "auto"},
+    "data_types": {"grad_accum_dtype": null}, "torch_autocast": {"enabled": false},
     "fp16": {"enabled": true, "fp16_master_weights_and_grads": false},
     "zero_optimization": {"stage": 3, "zenflow": null, "use_all_reduce_for_fetch_params": "off",
       "offload_optimizer": {"device": "cpu", "super_offload": 0}},

@@ -236,6 +236,21 @@ TEST(CheckSupported, Bf16MasterWeightsFollowDeepSpeedsRules) {
                 .find("offload_param \"cpu\" of a model on a device is not implemented yet"),
             std::string::npos);
   EXPECT_TRUE(check(bf16(master, R"("stage": 3, "offload_param": {"device": "cpu"})")).empty());
+
+  // bf16_optimizer_states (EngineMixedPrecision.Bf16OptimizerStatesAreRoundedEveryStep).
+  const std::string states = R"(, "bf16_optimizer_states": true)";
+  for (const char* ok :
+       {R"("stage": 1)", R"("stage": 2, "offload_optimizer": {"device": "cpu"})", R"("stage": 3)"})
+    EXPECT_TRUE(check(bf16(master + states, ok)).empty()) << ok;
+  for (const auto& [config, needle] : std::vector<std::pair<std::string, std::string>>{
+           {bf16(states, R"("stage": 0)"),
+            "bf16_optimizer_states is only supported with ZeRO Stage 1, 2, or 3."},
+           {bf16(states, R"("stage": 2)"),
+            "bf16_optimizer_states requires bf16_master_weights_and_grads to be enabled."},
+           {bf16(master + states, R"("stage": 2}, "optimizer": {"type": "Muon")"),
+            "bf16.bf16_optimizer_states with the Muon optimizer is not implemented yet"}}) {
+    EXPECT_NE(refusal(config).find(needle), std::string::npos) << config << "\n" << refusal(config);
+  }
 }
 
 // torch_autocast (NOTE [autocast]): bf16 (given, or the CPU's default) at any stage, with bf16

@@ -12,6 +12,7 @@
 
 #include "dscpp/engine.h"
 #include "dscpp/error.h"
+#include "dscpp/optim.h"
 #include "dscpp/zero_unit.h"
 #include "engine/estimate.h"
 #include "engine/test_net.h"
@@ -190,6 +191,106 @@ TEST(EngineMixedPrecision, Bf16MasterWeightsAreTheParameters) {
         }
       }
     }
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+}
+
+// bf16.bf16_optimizer_states (with bf16 master weights): the optimizer's states are bf16 too.
+// Each step is the fp32 optimizer's on the parameters and states widened from bf16, both rounded
+// back once: a bf16 twin stepped by optim::SGD (momentum 0.9) on widened copies is matched bit
+// for bit at stages 1-3, while fp32 states (bf16 master weights alone) are not. The states take
+// 2 bytes per element (Adam's two: 4), as the estimate says. A checkpoint holds the bf16 states;
+// a run with fp32 states loads them, and so does one with bf16 states at another stage: each
+// then takes the same next step as the run that saved.
+TEST(EngineMixedPrecision, Bf16OptimizerStatesAreRoundedEveryStep) {
+  const std::string sgd =
+      R"(, "gradient_clipping": 0, "optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}})";
+  auto bf16 = [](bool states, int stage) {
+    return std::string(R"(, "bf16": {"enabled": true, "bf16_master_weights_and_grads": true)") +
+           (states ? R"(, "bf16_optimizer_states": true)" : "") + "}" + zero_stage(stage);
+  };
+  const at::Tensor X = dataset_x().narrow(0, 0, 4), Y = dataset_y().narrow(0, 0, 4);
+  auto train_step = [&](Net& net, Engine& engine) {
+    engine.backward(at::mse_loss(net->forward(X.to(at::kBFloat16)).to(at::kFloat), Y));
+    engine.step();
+  };
+  auto errors = run_thread_ranks(1, [&](Communicator& c) {
+    for (bool states : {true, false}) {
+      for (int stage : {1, 2, 3}) {
+        const std::string what = "stage " + std::to_string(stage) + (states ? " bf16 states" : "");
+        const std::string cfg = config_json(4, 4, sgd + bf16(states, stage));
+        Net net = make_net(1), twin = make_net(1);
+        auto engine = initialize(net.ptr(), cfg, borrowed(c));
+        twin->to(at::kBFloat16);
+        auto sgd_twin = optim::make_optimizer(Config::parse(cfg).optimizer, 0, at::kFloat);
+        std::map<std::string, at::Tensor> buffers;  // bf16, as the store holds them
+        for (int step = 1; step <= 3; ++step) {
+          train_step(net, *engine);
+          at::mse_loss(twin->forward(X.to(at::kBFloat16)).to(at::kFloat), Y).backward();
+          at::NoGradGuard no_grad;
+          for (auto& item : twin->named_parameters()) {
+            at::Tensor p = item.value();
+            if (!p.grad().defined()) continue;  // the unused branch: no gradient, no update
+            at::Tensor& buffer = buffers[item.key()];
+            if (!buffer.defined()) buffer = at::zeros_like(p);
+            at::Tensor w = p.to(at::kFloat).reshape({-1}), b = buffer.to(at::kFloat).reshape({-1});
+            optim::StepContext ctx;
+            ctx.lr = 0.1;
+            ctx.step = step;
+            ctx.state = {b};
+            sgd_twin->step(w, p.grad().to(at::kFloat).reshape({-1}), ctx);
+            p.copy_(w.view(p.sizes()));
+            buffer.copy_(b.view(p.sizes()));
+            p.mutable_grad() = at::Tensor();
+          }
+        }
+        auto mine = net->named_parameters(), want = twin->named_parameters();
+        bool all_equal = true;
+        for (const auto& item : want)
+          all_equal = all_equal && at::equal(mine[item.key()], item.value());
+        EXPECT_EQ(all_equal, states) << what;
+        int64_t numel = 0;
+        for (const auto& p : net->parameters()) numel += p.numel();
+        const int64_t state_bytes = (states ? 2 : 4) * numel;
+        EXPECT_EQ(engine->memory_stats().optimizer_state, state_bytes) << what;
+        EXPECT_EQ(
+            engine::estimate(engine::EstimateInput{numel}, Config::parse(cfg)).optimizer_state,
+            state_bytes)
+            << what;
+        if (states && stage == 2) {
+          testing::TempDir dir;
+          engine->save_checkpoint(dir.path(), "bf16states");
+          train_step(net, *engine);
+          for (const std::string& other :
+               {config_json(4, 4, sgd + bf16(false, 1)), config_json(4, 4, sgd + bf16(true, 3))}) {
+            Net again = make_net(2);
+            auto loaded = initialize(again.ptr(), other, borrowed(c));
+            loaded->load_checkpoint(dir.path(), "bf16states");
+            train_step(again, *loaded);
+            auto got = again->named_parameters();
+            for (const auto& item : net->named_parameters())
+              EXPECT_TRUE(at::equal(got[item.key()], item.value())) << other;
+          }
+        }
+      }
+    }
+    // Adam's two states, 2 bytes each, and the step still learns.
+    const std::string adam = config_json(4, 4, kAdamW + bf16(true, 2));
+    Net net = make_net(1);
+    auto engine = initialize(net.ptr(), adam, borrowed(c));
+    int64_t numel = 0;
+    for (const auto& p : net->parameters()) numel += p.numel();
+    EXPECT_EQ(engine->memory_stats().optimizer_state, 2 * 2 * numel);
+    EXPECT_EQ(engine::estimate(engine::EstimateInput{numel}, Config::parse(adam)).optimizer_state,
+              2 * 2 * numel);
+    std::vector<double> losses;
+    for (int step = 0; step < 8; ++step) {
+      const at::Tensor loss = at::mse_loss(net->forward(X.to(at::kBFloat16)).to(at::kFloat), Y);
+      losses.push_back(loss.item<double>());
+      engine->backward(loss);
+      engine->step();
+    }
+    EXPECT_LT(losses.back(), 0.9 * losses.front());
   });
   for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
 }
