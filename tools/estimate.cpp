@@ -75,7 +75,8 @@ void print_step_times(const models::GPTConfig* gpt, int64_t params, const Config
   cluster.shm_bytes_per_s = net.shm_gbyte * 1e9;
   engine::StepWork w;
   w.item_bytes = static_cast<int>(c10::elementSize(engine::training_dtype(config)));
-  w.grad_wire_bytes = static_cast<int>(c10::elementSize(engine::communication_dtype(config)));
+  w.grad_wire_bytes =
+      static_cast<int>(c10::elementSize(engine::communication_dtype(config, zc.stage)));
   // The batch as the config resolves it at this world size; one sample per rank without one.
   const engine::ConfiguredBatch batch = engine::configured_batch(config, num_procs);
   const int64_t micro = batch.micro;

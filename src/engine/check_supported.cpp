@@ -168,12 +168,12 @@ std::vector<std::string> check_supported(const Config& c, const SupportContext& 
     DSCPP_CHECK(!z.zero_quantized_weights, ConfigError,
                 "Cannot enable both torch autocast and zero quantized weights (DeepSpeed's "
                 "rule). HINT: remove one of torch_autocast and zero_quantized_weights");
-    if (c.communication_data_type) {
+    if (c.communication_data_type && stage > 0) {
       warnings.push_back(
           "communication_data_type \"" + *c.communication_data_type +
-          "\" is not read with torch_autocast: as in DeepSpeed 0.19.8, the gradients of the "
-          "lower-precision-safe modules' parameters are reduced in the autocast dtype and the "
-          "others in the parameters' own");
+          "\" is not read with torch_autocast at ZeRO stages 1-3: as in DeepSpeed 0.19.8, the "
+          "gradients of the lower-precision-safe modules' parameters are reduced in the autocast "
+          "dtype and the others in the parameters' own (at stage 0 it is read)");
     }
   }
 

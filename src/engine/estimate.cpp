@@ -89,9 +89,10 @@ at::ScalarType training_dtype(const Config& config) {
   return config.bf16.enabled ? at::kBFloat16 : config.fp16.enabled ? at::kHalf : at::kFloat;
 }
 
-at::ScalarType communication_dtype(const Config& config) {
-  // torch_autocast (accepted in bf16 only): its dtype, that of the safe modules' gradients.
-  if (config.torch_autocast.enabled) return at::kBFloat16;
+at::ScalarType communication_dtype(const Config& config, int stage) {
+  // torch_autocast at stages 1-3 (accepted in bf16 only): its dtype, that of the safe modules'
+  // gradients.
+  if (config.torch_autocast.enabled && stage > 0) return at::kBFloat16;
   if (!config.communication_data_type) return training_dtype(config);
   const std::string& t = *config.communication_data_type;  // the parser allows these three
   return t == "fp32" ? at::kFloat : t == "bf16" ? at::kBFloat16 : at::kHalf;
@@ -304,9 +305,9 @@ Estimate estimate(const EstimateInput& in, const Config& c, int stage,
     e.staging = (overlap ? 2 : 1) * bucket * b;
   }
   // A communication dtype of its own: the copies of the buckets in flight (NOTE [wire dtype]).
-  if (communication_dtype(c) != gradient_dtype(c, stage)) {
+  if (communication_dtype(c, stage) != gradient_dtype(c, stage)) {
     e.staging += zero::kWireCopiesInFlight * bucket *
-                 static_cast<int64_t>(c10::elementSize(communication_dtype(c)));
+                 static_cast<int64_t>(c10::elementSize(communication_dtype(c, stage)));
   }
   // The allocator's share (NOTE [a bound on the peak]) of host memory: for a model on a GPU of
   // its host part (the caching allocator's slack on the device is not counted).

@@ -140,11 +140,12 @@ struct Estimate {
   std::string describe() const;
 };
 
-// The dtype `config` trains in (bf16, fp16 or fp32), and the one its gradients are reduced in
-// (communication_data_type; unset: the training dtype; with torch_autocast its dtype, that of
-// the gradients of its lower-precision-safe modules).
+// The dtype `config` trains in (bf16, fp16 or fp32), and the one its gradients are reduced in at
+// `stage` (communication_data_type; unset: the training dtype; with torch_autocast at stages 1-3
+// its dtype, that of the gradients of its lower-precision-safe modules, as DeepSpeed 0.19.8's
+// ZeRO optimizers reduce them; at stage 0 its engine's all-reduce does not look at autocast).
 at::ScalarType training_dtype(const Config& config);
-at::ScalarType communication_dtype(const Config& config);
+at::ScalarType communication_dtype(const Config& config, int stage);
 // The dtype the gradients accumulate in at `stage`: fp32 at stage 1 in bf16 with
 // data_types.grad_accum_dtype "fp32" and no optimizer offload (DeepSpeed 0.19.8's BF16
 // optimizer); the training dtype otherwise (check_supported says where the key does nothing).

@@ -285,16 +285,20 @@ zero::StrategyOptions EngineImpl::strategy_options(const zero::FlatLayout& layou
   // dtype] in zero/grad_buffer.h).
   const at::ScalarType grads = engine::gradient_dtype(config_, stage);
   if (grads != dtype_) so.reduce.accumulate_dtype = grads;
-  const at::ScalarType wire = engine::communication_dtype(config_);
+  const at::ScalarType wire = engine::communication_dtype(config_, stage);
   if (wire != grads) so.reduce.wire_dtype = wire;
   if (autocast_) {
-    // NOTE [autocast]: the safe modules' parameters in the autocast dtype, the rest as trained.
-    so.reduce.wire_dtype.reset();
+    // NOTE [autocast]: at stages 1-3 the safe modules' parameters in the autocast dtype, the rest
+    // as trained; at stage 0 the wire dtype above, as DeepSpeed's engine all-reduce. The names
+    // are checked against the model at every stage.
     const at::ScalarType low = autocast_->cpu ? autocast_->cpu_dtype : autocast_->cuda_dtype;
     const auto& modules = config_.torch_autocast.lower_precision_safe_modules;
-    for (const std::string& name : precision::lower_precision_parameters(
-             *model_, modules ? *modules : precision::default_lower_precision_modules()))
-      so.reduce.wire_dtype_of[name] = low;
+    const auto safe = precision::lower_precision_parameters(
+        *model_, modules ? *modules : precision::default_lower_precision_modules());
+    if (stage > 0) {
+      so.reduce.wire_dtype.reset();
+      for (const std::string& name : safe) so.reduce.wire_dtype_of[name] = low;
+    }
   }
   so.allgather_bucket_size = zero::capped_bucket_size(zc.allgather_bucket_size, layout.numel);
   // Stage 0 in fp32: the statistics ride in the gradient all-reduce (NOTE [side channel] in

@@ -9,10 +9,12 @@
 // itself, so it runs the forward inside Engine::autocast(), and backward() refuses a loss whose
 // forward did not (the gradients would be fp32 ones, silently). Backward runs outside the
 // scope, as in PyTorch: each op's backward follows the dtypes its forward recorded.
-// - Gradients: a parameter of a "lower precision safe" module (Linear, Conv1d/2d/3d unless the
-//   config names others) is reduced over ranks in the autocast dtype (a bucket's copy, NOTE [wire
-//   dtype] in src/zero/reducer.h), every other one in fp32; communication_data_type is not read
-//   (DeepSpeed's get_param_comm_dtype ignores it once autocast is on).
+// - Gradients at ZeRO stages 1-3: a parameter of a "lower precision safe" module (Linear,
+//   Conv1d/2d/3d unless the config names others) is reduced over ranks in the autocast dtype (a
+//   bucket's copy, NOTE [wire dtype] in src/zero/reducer.h), every other one in fp32;
+//   communication_data_type is not read (DeepSpeed's get_param_comm_dtype ignores it once
+//   autocast is on). At stage 0 every gradient is reduced in communication_data_type (unset:
+//   the training dtype), as DeepSpeed 0.19.8's engine all-reduce does: it never asks autocast.
 // - The cast cache is off in the scope: libtorch would keep each weight's 16-bit copy until the
 //   scope ends, all of them at once (at stage 3 a whole model's worth, gathered shards included);
 //   without it a copy lives as long as autograd keeps it. Values are the same.
