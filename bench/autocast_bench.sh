@@ -10,7 +10,7 @@
 # Steps: 12 (bench GPT) and 6 (150M) unless STEPS_BENCH / STEPS_150M say otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. bench/lib.sh  # median, gpt_shape, mean_rank_rss, tokens_per_s
+. bench/lib.sh  # median, gpt_shape, mean_rank_rss, tokens_per_s, peer_config, peer_run
 ROUNDS=${1:-3}
 DATA=${DATA:-../shared/data/tinyshakespeare.txt}
 OUT=${OUT:-/tmp/autocast_bench}
@@ -19,36 +19,8 @@ mkdir -p "$OUT"
 export OMP_NUM_THREADS=1
 port=$((21000 + RANDOM % 9000))
 
-# config PREC STAGE: the DeepSpeed config file every system of a row reads.
-config() {
-  local f=$OUT/ds_$1_s$2.json prec=""
-  [ "$1" = bf16 ] && prec=', "bf16": {"enabled": true}'
-  [ "$1" = autocast ] && prec=', "torch_autocast": {"enabled": true, "dtype": "bfloat16"}'
-  cat >"$f" <<JSON
-{"train_batch_size": $((MB * 2)), "train_micro_batch_size_per_gpu": $MB, "steps_per_print": 1000,
- "gradient_clipping": 1.0, "zero_optimization": {"stage": $2},
- "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.01}}$prec}
-JSON
-  echo "$f"
-}
-
 # run SYSTEM PREC STAGE ROUND: one run, its output in $OUT/MODEL_SYSTEM_PREC_sSTAGE_rROUND.log.
-run() {
-  local cfg log=$OUT/${MODEL}_$1_$2_s$3_r$4.log
-  cfg=$(config "$2" "$3")
-  if [ "$1" = dscpp ]; then
-    build/dscpp launch --num_procs 2 --master_port $((port++)) build/dscpp train --config "$cfg" \
-      --data "$DATA" --init "$INIT" --n_layer $L --n_head $H --n_embd $C --block_size $T \
-      --steps "$STEPS" --no_shuffle --eval_problems 0 >"$log" 2>&1 || true
-  else
-    timeout 1800 build/dscpp launch --num_procs 2 --master_port $((port++)) $PY \
-      bench/peers/train_gpt.py --system "$1" --config "$cfg" --data "$DATA" --init "$INIT" \
-      --n_layer $L --n_head $H --n_embd $C --block_size $T --steps "$STEPS" >"$log" 2>&1 || true
-  fi
-  echo "$log"
-}
-loss() { grep -oE "step $STEPS(/$STEPS \|)? loss [0-9.]*" "$1" 2>/dev/null | awk '{print $NF}' | tail -1; }
-why() { grep -oE 'peer failed: .*|[A-Za-z]*Error: .*' "$1" 2>/dev/null | head -1 | cut -c1-160; }
+run() { peer_run "$1" "$(peer_config "$2" "$3")" "$OUT/${MODEL}_$1_$2_s$3_r$4.log"; }
 
 for MODEL in ${MODELS:-bench 150m}; do
   gpt_shape "$MODEL"
@@ -78,8 +50,8 @@ for MODEL in ${MODELS:-bench 150m}; do
       for r in $(seq "$ROUNDS"); do
         log=$OUT/${MODEL}_$1_$2_s${stage}_r$r.log
         t=$(tokens_per_s "$log")
-        if [ -z "$t" ]; then failed=$(why "$log"); [ -n "$failed" ] || failed="no throughput line ($log)"; continue; fi
-        ts+=("$t"); rs+=("$(mean_rank_rss <"$log")"); l=$(loss "$log")
+        if [ -z "$t" ]; then failed=$(peer_why "$log"); [ -n "$failed" ] || failed="no throughput line ($log)"; continue; fi
+        ts+=("$t"); rs+=("$(mean_rank_rss <"$log")"); l=$(peer_loss "$log")
         d=$(tokens_per_s "$OUT/${MODEL}_dscpp_autocast_s${stage}_r$r.log")
         [ -n "$d" ] && ratios+=("$(awk -v a="$d" -v b="$t" 'BEGIN {printf "%.3f", a / b}')")
       done

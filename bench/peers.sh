@@ -17,7 +17,7 @@
 # REPORT=1 with the same arguments prints the tables again from $OUT's logs, running nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. bench/lib.sh  # median, gpt_shape, mean_rank_rss, tokens_per_s
+. bench/lib.sh  # median, gpt_shape, mean_rank_rss, tokens_per_s, peer_config, peer_run
 ROUNDS=${1:-3}
 STEPS=${2:-30}
 MODEL=${MODEL:-bench}
@@ -36,36 +36,9 @@ echo '{"train_batch_size": 1, "optimizer": {"type": "AdamW", "params": {"lr": 3e
 [ -n "${REPORT:-}" ] || build/dscpp train --config "$OUT/init.json" --data "$DATA" --n_layer $L --n_head $H --n_embd $C \
   --block_size $T --vocab_size 256 --steps 0 --save_final "$INIT" --eval_problems 0 >/dev/null
 
-# config DTYPE STAGE: the DeepSpeed config file every system of a row reads.
-config() {
-  local f=$OUT/ds_$1_s$2.json prec=""
-  [ "$1" = bf16 ] && prec=', "bf16": {"enabled": true}'
-  [ "$1" = autocast ] && prec=', "torch_autocast": {"enabled": true, "dtype": "bfloat16"}'
-  cat >"$f" <<JSON
-{"train_batch_size": $((MB * 2)), "train_micro_batch_size_per_gpu": $MB, "steps_per_print": 1000,
- "gradient_clipping": 1.0, "zero_optimization": {"stage": $2},
- "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.01}}$prec}
-JSON
-  echo "$f"
-}
-
 # run SYSTEM STAGE DTYPE ROUND: one run; its output in $OUT/SYSTEM_sSTAGE_DTYPE_rROUND.log.
-run() {
-  local cfg log=$OUT/$1_s$2_$3_r$4.log
-  cfg=$(config "$3" "$2")
-  if [ "$1" = dscpp ]; then
-    build/dscpp launch --num_procs 2 --master_port $((port++)) build/dscpp train --config "$cfg" \
-      --data "$DATA" --init "$INIT" --n_layer $L --n_head $H --n_embd $C --block_size $T \
-      --steps "$STEPS" --no_shuffle --eval_problems 0 >"$log" 2>&1 || true
-  else
-    timeout 1800 build/dscpp launch --num_procs 2 --master_port $((port++)) $PY \
-      bench/peers/train_gpt.py --system "$1" --config "$cfg" --data "$DATA" --init "$INIT" \
-      --n_layer $L --n_head $H --n_embd $C --block_size $T --steps "$STEPS" >"$log" 2>&1 || true
-  fi
-}
+run() { peer_run "$1" "$(peer_config "$3" "$2")" "$OUT/$1_s$2_$3_r$4.log"; }
 rss() { mean_rank_rss <"$1"; }
-loss() { grep -oE "step $STEPS(/$STEPS \|)? loss [0-9.]*" "$1" 2>/dev/null | awk '{print $NF}' | tail -1; }
-why() { grep -oE 'peer failed: .*|[A-Za-z]*Error: .*' "$1" 2>/dev/null | head -1 | cut -c1-160; }
 
 # Rows: SYSTEM STAGE [the dscpp stage it is compared with].
 ROWS=(
@@ -96,8 +69,8 @@ for dtype in ${DTYPES:-fp32 bf16}; do
     for r in $(seq "$ROUNDS"); do
       log=$OUT/$1_s$2_${dtype}_r$r.log
       t=$(tokens_per_s "$log")
-      if [ -z "$t" ]; then failed=$(why "$log"); [ -n "$failed" ] || failed="no throughput line ($log)"; continue; fi
-      ts+=("$t"); rs+=("$(rss "$log")"); l=$(loss "$log")
+      if [ -z "$t" ]; then failed=$(peer_why "$log"); [ -n "$failed" ] || failed="no throughput line ($log)"; continue; fi
+      ts+=("$t"); rs+=("$(rss "$log")"); l=$(peer_loss "$log")
       d=$(tokens_per_s "$OUT/dscpp_s$2_${dtype}_r$r.log")
       [ -n "$d" ] && ratios+=("$(awk -v a="$d" -v b="$t" 'BEGIN {printf "%.3f", a / b}')")
     done
