@@ -222,19 +222,21 @@ TEST(ZeroReducer, Stage2SlotsTakeTheFirstGradientAndZeroAnUnusedPlace) {
   for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
 }
 
+// Two parameters of 300 and 150 elements, the wire-dtype tests' model.
+struct TwoVectors : torch::nn::Module {
+  TwoVectors() {
+    w = register_parameter("w", at::zeros({300}));
+    v = register_parameter("v", at::zeros({150}));
+  }
+  at::Tensor w, v;
+};
+
 // NOTE [wire dtype]: with communication_data_type fp32, bf16 gradients are reduced in fp32 and
 // rounded once, which across hosts (Gloo sums bf16 in bf16, host by host) differs from reducing
 // them in bf16. Three hosts of one rank, each rank's gradients multiples of 1/64 (exact in bf16,
 // their sums exact in fp32): with the fp32 wire every stage's reduced gradient is the fp32 mean
 // rounded to bf16 exactly; with the bf16 wire it is not (the test's power), two buckets each.
 TEST(ZeroReducer, AWireDtypeOfItsOwnReducesInIt) {
-  struct TwoVectors : torch::nn::Module {
-    TwoVectors() {
-      w = register_parameter("w", at::zeros({300}));
-      v = register_parameter("v", at::zeros({150}));
-    }
-    at::Tensor w, v;
-  };
   constexpr int kWorld = 3;
   auto gradient = [](int rank, int64_t n, int which) {
     at::Tensor k = (at::arange(n, at::kLong) * (37 + 11 * rank) + 13 * which) % 512 - 256;
@@ -297,13 +299,6 @@ TEST(ZeroReducer, AWireDtypeOfItsOwnReducesInIt) {
 // Neither gradient is representable in bf16, so rounding v, or not rounding w, shows. One host:
 // shared memory sums in fp32 and rounds once (across hosts bf16 is summed hop by hop).
 TEST(ZeroReducer, EachParameterReducesInItsOwnWireDtype) {
-  struct TwoVectors : torch::nn::Module {
-    TwoVectors() {
-      w = register_parameter("w", at::zeros({300}));
-      v = register_parameter("v", at::zeros({150}));
-    }
-    at::Tensor w, v;
-  };
   constexpr int kWorld = 3;
   auto gradient = [](int rank, int64_t n, int which) {
     at::Tensor k = (at::arange(n, at::kLong) * (37 + 11 * rank) + 13 * which) % 512 - 256;
