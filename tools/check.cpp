@@ -30,8 +30,13 @@
 #include "config/key_verdicts.h"
 #include "dscpp/comm.h"
 #include "dscpp/config.h"
+#include "dscpp/data.h"
+#include "dscpp/device_link.h"
 #include "dscpp/error.h"
+#include "dscpp/models/gpt.h"
+#include "dscpp/zero.h"
 #include "engine/check_supported.h"
+#include "engine/estimate.h"
 #include "launch/launcher.h"
 #include "tools.h"
 #include "util/log.h"
@@ -281,6 +286,42 @@ void check_master(Checklist& cl, const launch::LaunchOptions& opts,
   }
 }
 
+// --model gpt: what dscpp train would decide once it has the model, with the config already
+// resolved for `world` ranks: the memory on this host (its ranks of the job; dscpp train's check
+// before the build), then the engine's own model check (engine::check_model) on the GPT built for
+// its shapes only. Throws the ConfigError dscpp train would.
+void check_gpt(Checklist& cl, const Config& cfg, models::GPTConfig gpt, bool checkpointing,
+               const std::vector<launch::HostSlots>& hosts, int world, const std::string& device) {
+  if (gpt.vocab_size == 0 || gpt.block_size == 0) {
+    const data::ReverseTaskOptions task;  // dscpp train's built-in task
+    if (gpt.vocab_size == 0) gpt.vocab_size = task.vocab_size();
+    if (gpt.block_size == 0) gpt.block_size = task.block_size();
+  }
+  gpt.validate();
+  int local = 0;
+  for (const auto& h : hosts) {
+    if (launch::is_local_host(h.host)) local += h.num_procs();
+  }
+  const engine::EstimateInput in =
+      engine::gpt_estimate_input(gpt, cfg, world, device != "cpu", checkpointing);
+  std::string memory = "no rank of the job runs on this machine, so its memory is not checked";
+  if (local > 0) {
+    const bool gpu_here = device != "cpu" && at::hasCUDA();
+    engine::check_gpt_fits(in, cfg, local,
+                           gpu_here ? offload::gpu_free_memory(at::Device("cuda:0")) : -1);
+    memory = fmt::format("fits this machine's memory with its {} rank(s){}", local,
+                         device != "cpu" && !gpu_here ? " (host memory only: no GPU here)" : "");
+  }
+  models::GPT built(nullptr);
+  {
+    zero::ShapesOnly shapes;
+    built = models::GPT(gpt, /*seed=*/0);
+  }
+  engine::check_model(cfg, *built, models::GPTImpl::zero_units(), world);
+  cl.ok(fmt::format("model GPT {} ({} trainable parameters): {}, and the engine accepts it",
+                    gpt.to_string(), gpt.num_parameters(), memory));
+}
+
 int worker_main(const std::vector<int64_t>& sizes_kib, int iters) {
   at::set_num_threads(1);
   auto comm = comm::init_from_env(comm::CommOptions::from_config());
@@ -354,6 +395,26 @@ int check_main(int argc, char** argv) {
                  "cpu|cuda: where the job's model is (dscpp train's --device), for the engine's "
                  "checks of the config")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  std::string model;
+  models::GPTConfig gpt;
+  gpt.n_layer = 2;  // dscpp train's defaults
+  gpt.n_head = 4;
+  gpt.n_embd = 64;
+  gpt.vocab_size = 0;
+  gpt.block_size = 0;
+  bool checkpointing = false;
+  app.add_option("--model", model,
+                 "gpt: also check the config against the model dscpp train would build with the "
+                 "shape below (built for its shapes only: no memory), and its memory on this host")
+      ->check(CLI::IsMember({"gpt"}));
+  app.add_option("--n_layer", gpt.n_layer, "GPT blocks (dscpp train's)")->capture_default_str();
+  app.add_option("--n_head", gpt.n_head, "GPT heads")->capture_default_str();
+  app.add_option("--n_embd", gpt.n_embd, "GPT width")->capture_default_str();
+  app.add_option("--vocab_size", gpt.vocab_size,
+                 "GPT vocabulary (default: the built-in task's, as dscpp train without --data)");
+  app.add_option("--block_size", gpt.block_size, "GPT context (default: as --vocab_size)");
+  app.add_flag("--checkpoint_activations", checkpointing,
+               "the GPT recomputes each block in backward (dscpp train's flag)");
   app.add_option("--sizes_kib", sizes_kib, "message sizes for the collective test")->delimiter(',');
   app.add_option("--iters", iters, "timed runs per operation and size");
   app.add_flag("--no_collectives", no_collectives, "skip the collective test");
@@ -419,9 +480,19 @@ int check_main(int argc, char** argv) {
                         cfg.batch.gradient_accumulation_steps, world));
       for (const auto& w : warnings) std::cout << "       warning: " << w << std::endl;
       DSCPP_LOG_INFO("resolved config (values in force):\n{}", cfg.describe());
+      if (model == "gpt") {
+        try {
+          check_gpt(cl, cfg, gpt, checkpointing, hosts, world, device);
+        } catch (const Error& e) {
+          cl.fail(fmt::format("config {} with the GPT ({}): {}", config_path, gpt.to_string(),
+                              e.what()));
+        }
+      }
     } catch (const Error& e) {
       cl.fail(fmt::format("config {}: {}", config_path, e.what()));
     }
+  } else if (!model.empty()) {
+    cl.fail("--model needs --config: the model is checked against a config");
   }
   if (!no_collectives && cl.failures == 0) {
     launch::LaunchOptions job = opts;

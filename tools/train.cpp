@@ -178,24 +178,8 @@ models::GPT build_model(const TrainArgs& a, const models::GPTConfig& gc, const C
                         const at::Device& device) {
   // The pre-flight check (NOTE [pre-flight] in src/engine/estimate.h) before the model exists:
   // a GPT too large for this config fails here in a second, not after minutes of building it.
-  {
-    in.process = current_rss_bytes();  // libtorch, the data, the runtime's threads
-    in.local = std::max(1, detect_process_env().local_world_size);
-    const engine::Estimate e = engine::estimate(in, config);
-    DSCPP_LOG_INFO(
-        "estimated peak RSS per rank {} (NOTE [a bound on the peak]): model states {}, gathered "
-        "units {}, gradient staging {}, swap buffers {}, the step's fp32 gradients {}, the "
-        "collectives' buffers {}, activations {}, the program {}, its runtime {} and the "
-        "allocator's share {}",
-        engine::format_bytes(e.peak()), engine::format_bytes(e.model_states()),
-        engine::format_bytes(e.gathered), engine::format_bytes(e.staging),
-        engine::format_bytes(e.swap_buffers), engine::format_bytes(e.step_scratch),
-        engine::format_bytes(e.comm_buffers), engine::format_bytes(e.activations),
-        engine::format_bytes(e.process), engine::format_bytes(e.runtime),
-        engine::format_bytes(e.slack));
-    engine::check_fits(in, config, /*held=*/0, std::max(1, detect_process_env().local_world_size),
-                       offload::gpu_free_memory(device));
-  }
+  engine::check_gpt_fits(std::move(in), config, std::max(1, detect_process_env().local_world_size),
+                         offload::gpu_free_memory(device));
   // At ZeRO stage 3 the GPT is built already sharded (zero::Init): each block is sharded as soon
   // as it exists, so no rank ever holds the whole model.
   const bool stage3 = config.zero_optimization.stage == 3;

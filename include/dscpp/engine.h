@@ -286,4 +286,18 @@ std::shared_ptr<Engine> initialize(std::shared_ptr<torch::nn::Module> model,
                                    const std::string& config_path_or_json,
                                    InitOptions options = {});
 
+// What initialize() would refuse for this model and config in a job of `world` ranks
+// (`local_ranks` of them on this host, sharing its memory; 0: all of them), decided here without
+// joining a job or building anything: the config's settings and batch, the model's (trainable
+// parameters fp32 on one device, stage 3's units, torch_autocast's safe modules,
+// offload_param.buffer_size against the largest shard on disk) and the pre-flight memory check
+// (NOTE [pre-flight] in src/engine/estimate.h) against this host. `options` as initialize() would
+// get them (a client optimizer, zero_units, device_link, activation_bytes; the communicator and
+// file systems are not used). Throws the ConfigError initialize() would throw, with its text;
+// returns the warnings it would log. A model built for its shapes only (zero::ShapesOnly) is
+// judged as the model it describes.
+std::vector<std::string> check(std::shared_ptr<torch::nn::Module> model,
+                               const std::string& config_path_or_json, int world,
+                               const InitOptions& options = {}, int local_ranks = 0);
+
 }  // namespace dscpp

@@ -150,6 +150,21 @@ class Init {
   std::unique_ptr<State> state_;
 };
 
+// A scope in which a model is built for its shapes only: a model that calls zero::built(module,
+// path) once it has built and initialised a submodule has that submodule's parameters and buffers
+// replaced at once by one element broadcast to their shapes (names, shapes and dtypes stay, the
+// values go), so no more than one submodule's values ever exist. dscpp::check (dscpp/engine.h)
+// judges such a model as the one it describes: `dscpp check --model gpt` checks a GPT larger than
+// this host's memory that way. initialize() refuses it. Does not nest with itself or zero::Init;
+// belongs to the thread that opened it.
+class ShapesOnly {
+ public:
+  ShapesOnly();
+  ~ShapesOnly();
+  ShapesOnly(const ShapesOnly&) = delete;
+  ShapesOnly& operator=(const ShapesOnly&) = delete;
+};
+
 // Reads safetensors weights (named as the model's named_parameters()) into a model that a ZeRO
 // stage-3 engine holds: each rank reads only the byte ranges of its own shards (and the whole of
 // the parameters that stay whole on every rank), into its shards and fp32 master weights. Below
@@ -161,7 +176,7 @@ std::map<std::string, std::string> load_weights(torch::nn::Module& model, const 
 // Called by a model's constructor after building and initialising the submodule at `path` (its
 // named_modules() path in the finished model, "h.0"). Inside a zero::Init scope: moves it to the
 // scope's device and shards it if it is a unit (a collective: every rank builds the same model).
-// Outside one: nothing.
+// Inside a ShapesOnly scope: drops its values. Outside both: nothing.
 void built(torch::nn::Module& module, const std::string& path);
 
 }  // namespace dscpp::zero

@@ -12,6 +12,11 @@
 #include <vector>
 
 #include "dscpp/config.h"
+#include "dscpp/zero.h"
+
+namespace torch::nn {
+class Module;
+}
 
 namespace dscpp::engine {
 
@@ -49,5 +54,28 @@ std::vector<std::string> check_config(Config& config, const SupportContext& cont
 // the secondary partition's size (1: none). Throws ConfigError; adds the no-effect warning.
 int secondary_partition_size(const Config& config, int host, int world,
                              const std::string& collectives, std::vector<std::string>* warnings);
+
+// What the engine decides from the model itself, for a job of `world` ranks, before it builds
+// anything: trainable parameters exist, are fp32 and on one device; zero::Init's shards only at
+// stage 3; every torch_autocast.lower_precision_safe_modules entry names a module class; at
+// stage 3 every unit named (`zero_units`, leaf_module) matches a module, no trainable parameter
+// is in two units, and with offload_param nvme each shard on disk fits offload_param.buffer_size
+// (stage 3's plan, src/zero/stage3_plan.h). Throws ConfigError. initialize() runs it right after
+// the batch is resolved; dscpp::check and `dscpp check --model` run the same.
+void check_model(const Config& config, torch::nn::Module& model, const zero::UnitPolicy& zero_units,
+                 int world);
+
+// The job a model's memory is judged for.
+struct ModelFit {
+  int world = 1;
+  int local = 1;                  // ranks on this host (they share its memory)
+  bool device_link = false;       // InitOptions::device_link given: the model acts as on a device
+  int64_t activation_bytes = -1;  // one micro-batch's, when known (InitOptions::activation_bytes)
+};
+
+// NOTE [pre-flight] (estimate.h) for `model`: check_fits with its trainable parameters counted
+// (those it holds already, in host memory, not counted twice; a model built for its shapes only,
+// zero::ShapesOnly, holds none). Throws ConfigError.
+void model_fits(const Config& config, torch::nn::Module& model, const ModelFit& fit);
 
 }  // namespace dscpp::engine

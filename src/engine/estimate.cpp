@@ -20,6 +20,7 @@
 #include "engine/step_time.h"
 #include "offload/grad_swapper.h"
 #include "util/log.h"
+#include "util/memory.h"
 #include "zero/reducer.h"
 
 namespace dscpp::engine {
@@ -535,6 +536,22 @@ void check_fits(const EstimateInput& in, const Config& config, int64_t held, int
     check_disk(param_folder, pdir, "the parameters' swap files (with zero::Init's spill file)",
                "offload_param.nvme_path");
   }
+}
+
+void check_gpt_fits(EstimateInput in, const Config& config, int local, int64_t gpu_available) {
+  in.process = current_rss_bytes();  // libtorch, the data, the runtime's threads
+  in.local = local;
+  const Estimate e = estimate(in, config);
+  DSCPP_LOG_INFO(
+      "estimated peak RSS per rank {} (NOTE [a bound on the peak]): model states {}, gathered "
+      "units {}, gradient staging {}, swap buffers {}, the step's fp32 gradients {}, the "
+      "collectives' buffers {}, activations {}, the program {}, its runtime {} and the "
+      "allocator's share {}",
+      format_bytes(e.peak()), format_bytes(e.model_states()), format_bytes(e.gathered),
+      format_bytes(e.staging), format_bytes(e.swap_buffers), format_bytes(e.step_scratch),
+      format_bytes(e.comm_buffers), format_bytes(e.activations), format_bytes(e.process),
+      format_bytes(e.runtime), format_bytes(e.slack));
+  check_fits(in, config, /*held=*/0, in.local, gpu_available);
 }
 
 std::string format_bytes(int64_t bytes) {

@@ -204,6 +204,11 @@ int64_t available_gpu_memory(int64_t free, std::string* source = nullptr);
 void check_fits(const EstimateInput& in, const Config& config, int64_t held, int local,
                 int64_t gpu_available = -1);
 
+// dscpp train's and dscpp check's pre-flight for the built-in GPT before it is built: `in`
+// (gpt_estimate_input) with this process and the `local` ranks on this host filled in, the
+// estimate logged (info), then check_fits with nothing held yet.
+void check_gpt_fits(EstimateInput in, const Config& config, int local, int64_t gpu_available);
+
 // "1.50 GiB", or "12.7 MiB" below 1 GiB
 std::string format_bytes(int64_t bytes);
 

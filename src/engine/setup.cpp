@@ -44,6 +44,12 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> model, Config config, 
       config_log_level_(options.config_log_level),
       activation_bytes_(options.activation_bytes) {
   DSCPP_CHECK(model_, ConfigError, "initialize() was given a null model");
+  for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+    DSCPP_CHECK(!zero::is_shapes_only(item.value()), ConfigError, "parameter '", item.key(),
+                "' has no values: the model was built for its shapes only (zero::ShapesOnly), "
+                "which dscpp::check judges but nothing can train. HINT: build the model outside "
+                "that scope to train it");
+  }
   // The config's log_level first, as DeepSpeed's engine sets its logger's.
   if (config_.log_level)
     set_log_level(parse_log_level(*config_.log_level == "critical" ? "error" : *config_.log_level));
@@ -70,6 +76,7 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> model, Config config, 
   }
   resolve_batch();
   check_same_model_on_every_rank();
+  check_model(config_, *model_, zero_units_, comm_->world_size());
   choose_precision();
   check_memory_fits();
   build_strategy();
@@ -235,32 +242,13 @@ void EngineImpl::choose_precision() {
 }
 
 void EngineImpl::check_memory_fits() {
-  // NOTE [pre-flight]: before anything is allocated, the memory this config asks for (the
-  // activations only when InitOptions::activation_bytes tells them) against the memory this host
-  // has left (check_fits, estimate.h), and for a model on a GPU (or the tests' stand-in for one)
-  // the GPU part against what the GPU has free.
-  zero::NamedParams np = zero::trainable_parameters(*model_);
-  if (np.params.empty()) return;
-  const at::Device device = np.params[0].device();
-  EstimateInput in;
-  in.world = comm_->world_size();
-  in.on_gpu = !device.is_cpu() || device_link_ != nullptr;
-  int64_t held = 0;  // what the model's trainable parameters hold already (the engine reuses it)
-  for (const auto& p : np.params) {
-    in.params += p.numel();
-    if (!zero::is_presharded(p)) held += p.numel() * static_cast<int64_t>(p.element_size());
-  }
-  const int local = std::max(1, detect_process_env().local_world_size);
-  in.local = local;
-  in.activations = activation_bytes_;
-  const int64_t gpu_free = offload::gpu_free_memory(device);
-  in.spilled = zero::presharded_bytes_spilled();  // on disk already (NOTE [spilled shards])
-  // zero::Init's fp32 shards in memory are held already too (the available memory is without
-  // them): counting them again refused a 1.5B GPT at stage 3 that dscpp train's check, made
-  // before the build, had let start.
-  if (!in.on_gpu) held += zero::presharded_bytes_in_memory();
+  ModelFit fit;
+  fit.world = comm_->world_size();
+  fit.local = std::max(1, detect_process_env().local_world_size);
+  fit.device_link = device_link_ != nullptr;
+  fit.activation_bytes = activation_bytes_;
   on_every_rank(
-      "the pre-flight memory check", [&] { check_fits(in, config_, held, local, gpu_free); },
+      "the pre-flight memory check", [&] { model_fits(config_, *model_, fit); },
       /*checkpoint_error=*/false);
 }
 
@@ -392,23 +380,13 @@ int EngineImpl::secondary_partition_size() const {
 }
 
 void EngineImpl::build_strategy() {
+  // check_model refused what the model cannot train with (no trainable parameters, zero::Init's
+  // shards below stage 3, units matching nothing, a shard larger than offload_param's buffers).
   zero::NamedParams np = zero::trainable_parameters(*model_);
-  DSCPP_CHECK(!np.params.empty(), ConfigError,
-              "the model has no trainable parameters (requires_grad). HINT: nothing to train");
   const int stage = config_.zero_optimization.stage;
   const int world = comm_->world_size();
   const bool mixed = dtype_ != at::kFloat;
   const auto& zc = config_.zero_optimization;
-  if (stage != 3) {
-    for (size_t i = 0; i < np.params.size(); ++i) {
-      DSCPP_CHECK(!zero::is_presharded(np.params[i]), ConfigError, "parameter '", np.names[i],
-                  "' was sharded by zero::Init, which needs ZeRO stage 3, but "
-                  "zero_optimization.stage is ",
-                  stage,
-                  ". HINT: build the model without "
-                  "zero::Init, or train at stage 3");
-    }
-  }
   const zero::FlatLayout layout = zero::FlatLayout::of(np.params, world);
 
   const zero::StrategyOptions so = strategy_options(layout);
@@ -458,7 +436,6 @@ void EngineImpl::build_strategy() {
   store_ = precision::make_part_store(po);
   zero::Stage3Options s3;
   if (stage == 3) {
-    zero::check_each_matches(*model_, zero_units_, zc.leaf_module);
     s3.units = zero::with_leaf_modules(zero_units_, zc.leaf_module);
     s3.persistence_threshold = zc.stage3_param_persistence_threshold;
     s3.prefetch_bucket_size = zc.stage3_prefetch_bucket_size;
@@ -674,12 +651,6 @@ std::unique_ptr<offload::ParamSwapper> EngineImpl::build_param_swapper(
   on_every_rank(
       "preparing the parameters' swap file in offload_param.nvme_path",
       [&] {
-        // DeepSpeed asserts a partition fits one buffer too.
-        DSCPP_CHECK(largest <= op.buffer_size, ConfigError,
-                    "zero_optimization.offload_param.buffer_size ", op.buffer_size,
-                    " elements is smaller than this rank's largest stage-3 unit shard (", largest,
-                    " elements), which must fit one buffer. HINT: set buffer_size to at least ",
-                    largest, ", or use smaller units");
         prepare_swap_dir("offload_param", *op.nvme_path);
         swapper = std::make_unique<offload::ParamSwapper>(*async_io_, po);
       },

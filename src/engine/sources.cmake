@@ -7,5 +7,6 @@ target_sources(dscpp PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/checkpoint.cpp
   ${CMAKE_CURRENT_LIST_DIR}/every_rank.cpp
   ${CMAKE_CURRENT_LIST_DIR}/check_supported.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/check_model.cpp
   ${CMAKE_CURRENT_LIST_DIR}/estimate.cpp
   ${CMAKE_CURRENT_LIST_DIR}/step_time.cpp)

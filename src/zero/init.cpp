@@ -106,11 +106,15 @@ at::Tensor PreSharded::take_fp32() {
 namespace {
 
 thread_local Init::State* current_scope = nullptr;
+thread_local bool shapes_only = false;  // a ShapesOnly scope is open
 
 struct Registry {
   std::mutex mu;
   std::unordered_map<const torch::nn::Module*, PreSharded> units;
   std::unordered_set<const void*> params;  // TensorImpls
+  // zero::ShapesOnly's parameters: held weakly, so a tensor made later at a freed one's address
+  // is not taken for one of them.
+  std::unordered_map<const void*, c10::weak_intrusive_ptr<c10::TensorImpl>> shapes_only;
 };
 
 Registry& registry() {
@@ -124,7 +128,8 @@ Init::Init(std::shared_ptr<comm::Communicator> comm, UnitPolicy units, const Con
            c10::Device device)
     : state_(std::make_unique<State>()) {
   DSCPP_CHECK(comm, ConfigError, "zero::Init needs the job's communicator");
-  DSCPP_CHECK(!current_scope, Error, "zero::Init scopes do not nest");
+  DSCPP_CHECK(!current_scope && !shapes_only, Error,
+              "zero::Init scopes do not nest, nor go inside a zero::ShapesOnly scope");
   units = with_leaf_modules(std::move(units), config.zero_optimization.leaf_module);
   DSCPP_CHECK(!units.empty(), ConfigError,
               "zero::Init without a unit policy would shard nothing. HINT: pass the policy "
@@ -167,7 +172,36 @@ Init::~Init() {
   if (current_scope == state_.get()) current_scope = nullptr;
 }
 
+ShapesOnly::ShapesOnly() {
+  DSCPP_CHECK(!current_scope && !shapes_only, Error,
+              "zero::ShapesOnly does not nest, nor go inside a zero::Init scope");
+  shapes_only = true;
+}
+
+ShapesOnly::~ShapesOnly() { shapes_only = false; }
+
 void built(torch::nn::Module& module, const std::string& path) {
+  if (shapes_only) {
+    // Each parameter and buffer becomes one element broadcast to its shape: the shapes stay, the
+    // values go (a move to the meta device would keep a built-in module's member tensors).
+    Registry& r = registry();
+    at::NoGradGuard no_grad;
+    auto drop_values = [&](at::Tensor t, bool parameter) {
+      if (!t.defined() || t.numel() <= 1) return;
+      t.set_data(at::zeros({1}, t.options().requires_grad(false)).expand(t.sizes()));
+      if (!parameter) return;
+      std::lock_guard<std::mutex> g(r.mu);
+      for (auto it = r.shapes_only.begin(); it != r.shapes_only.end();) {
+        it = it->second.expired() ? r.shapes_only.erase(it) : std::next(it);
+      }
+      r.shapes_only.insert_or_assign(t.unsafeGetTensorImpl(),
+                                     c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()));
+    };
+    for (auto& p : module.parameters(/*recurse=*/true)) drop_values(p, true);
+    for (auto& b : module.buffers(/*recurse=*/true)) drop_values(b, false);
+    return_freed_memory();
+    return;
+  }
   Init::State* st = current_scope;
   if (!st) return;
   module.to(st->device);
@@ -260,6 +294,13 @@ int64_t presharded_bytes(bool spilled) {
 
 int64_t presharded_bytes_spilled() { return presharded_bytes(/*spilled=*/true); }
 int64_t presharded_bytes_in_memory() { return presharded_bytes(/*spilled=*/false); }
+
+bool is_shapes_only(const at::Tensor& param) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> g(r.mu);
+  auto it = r.shapes_only.find(param.unsafeGetTensorImpl());
+  return it != r.shapes_only.end() && !it->second.expired();
+}
 
 bool is_presharded(const at::Tensor& param) {
   Registry& r = registry();

@@ -48,9 +48,8 @@ NamedParams trainable_parameters(torch::nn::Module& model) {
   return out;
 }
 
-at::Tensor flatten_parameters(const std::vector<at::Tensor>& params,
-                              const std::vector<std::string>& names, const FlatLayout& layout,
-                              at::ScalarType dtype, const FlattenTap& tap) {
+void check_fp32_on_one_device(const std::vector<at::Tensor>& params,
+                              const std::vector<std::string>& names) {
   DSCPP_CHECK(!params.empty(), ConfigError,
               "the model has no trainable parameters (requires_grad). HINT: nothing to train");
   const auto device = params[0].device();
@@ -64,6 +63,12 @@ at::Tensor flatten_parameters(const std::vector<at::Tensor>& params,
                 " but '", names[0], "' is on ", device,
                 ". HINT: move the whole model to one device before initialize()");
   }
+}
+
+at::Tensor flatten_parameters(const std::vector<at::Tensor>& params,
+                              const std::vector<std::string>& names, const FlatLayout& layout,
+                              at::ScalarType dtype, const FlattenTap& tap) {
+  check_fp32_on_one_device(params, names);
   auto opts = params[0].options().dtype(dtype).requires_grad(false);
   // Untouched pages of `empty` are not resident, so filling parameter by parameter while each
   // original is freed (set_data) keeps one copy of the model at a time.

@@ -43,6 +43,11 @@ struct NamedParams {
 };
 NamedParams trainable_parameters(torch::nn::Module& model);
 
+// Throws ConfigError when there are no parameters, or naming the first one that is not fp32 or
+// not on the first one's device: dscpp keeps the model in fp32 and casts it itself.
+void check_fp32_on_one_device(const std::vector<at::Tensor>& params,
+                              const std::vector<std::string>& names);
+
 // Called with each parameter's values as they are moved into a flat buffer: its offset in the
 // buffer and the values in the parameter's own dtype, flattened [numel].
 using FlattenTap = std::function<void(int64_t offset, const at::Tensor& values)>;

@@ -51,4 +51,9 @@ std::optional<PreSharded> take_presharded(const torch::nn::Module& module);
 // Whether zero::Init sharded `param` (its values are no longer in it).
 bool is_presharded(const at::Tensor& param);
 
+// Whether `param` was built inside a zero::ShapesOnly scope (include/dscpp/zero.h): its shape and
+// dtype are the model's, its values one element broadcast to that shape. dscpp::check judges it;
+// initialize() refuses it.
+bool is_shapes_only(const at::Tensor& param);
+
 }  // namespace dscpp::zero

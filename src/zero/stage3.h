@@ -64,6 +64,7 @@
 #include "zero/fetcher.h"
 #include "zero/reduce_scatter.h"
 #include "zero/shard_swap.h"
+#include "zero/stage3_plan.h"
 #include "zero/strategy.h"
 
 namespace torch::nn {
@@ -178,19 +179,10 @@ class Stage3 final : public Strategy {
     bool grads_done = false;
   };
   // ----- set-up (stage3_layout.cpp), the constructor's steps in order
-  void find_units(torch::nn::Module& model, const UnitPolicy& policy);
-  // The trainable parameters split into the resident group and each unit's sharded ones.
-  struct Assignment {
-    NamedParams resident;
-    std::vector<NamedParams> sharded;  // [unit]
-  };
-  // Each parameter's unit (refusing one two units share, one not fp32 on the first's device, and
-  // one zero::Init sharded that stays resident).
-  Assignment assign(const NamedParams& np);
   // The flat layouts and this rank's part (the resident shard, then each unit's); with
   // offload_param nvme which shards go to disk (the swap file made). Returns the elements of
   // unit shards kept in memory.
-  int64_t lay_out(const Assignment& a);
+  int64_t lay_out(const UnitAssignment& a);
   // The resident group's flat buffer (whole on every rank), its part handed to the tap.
   void flatten_resident(const NamedParams& resident);
   // Each unit's parameters become views of its gathered storage; this rank's shard kept in
@@ -199,7 +191,7 @@ class Stage3 final : public Strategy {
   // Refuses a module zero::Init sharded that is no unit here (its values are gone).
   void check_no_presharded_left(torch::nn::Module& model);
   // The gradient path: the resident group (group 0), then the units in order.
-  void build_reducer(const Assignment& a, const ReduceOptions& reduce);
+  void build_reducer(const UnitAssignment& a, const ReduceOptions& reduce);
   // Rank 0: the layout's log line, and the keep-gathered warning when it applies.
   void report_layout() const;
 

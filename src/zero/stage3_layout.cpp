@@ -13,6 +13,7 @@
 #include "util/memory.h"
 #include "zero/presharded.h"
 #include "zero/stage3.h"
+#include "zero/stage3_plan.h"
 #include "zero/unit_functions.h"
 #include "zero/unit_policy.h"
 
@@ -34,18 +35,97 @@ void take_shard(int64_t offset, const at::Tensor& values, int64_t shard_begin, i
 
 }  // namespace
 
+// ----- the plan (stage3_plan.h) -------------------------------------------------------------
+
+std::vector<UnitRoot> find_units(torch::nn::Module& model, const UnitPolicy& policy,
+                                 bool* whole_model) {
+  std::vector<UnitRoot> units;
+  std::vector<std::string> taken;  // paths of units found so far (their subtrees are theirs)
+  for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
+    const std::string& path = item.key();
+    bool inside = false;
+    for (const auto& t : taken) inside = inside || t.empty() || path.rfind(t + ".", 0) == 0;
+    if (inside) continue;
+    if (!matches(policy, path, item.value()->name())) continue;
+    taken.push_back(path);
+    units.push_back({item.value().get(), path.empty() ? "(root)" : path});
+  }
+  // The engine checked that every pattern matches a module (check_each_matches), so no unit
+  // means no policy and no module of a marked type (DSCPP_ZERO_UNIT).
+  *whole_model = units.empty();
+  if (units.empty()) units.push_back({&model, "(the whole model)"});
+  return units;
+}
+
+UnitAssignment assign_to_units(const std::vector<UnitRoot>& units, const NamedParams& np,
+                               int64_t persistence_threshold) {
+  check_fp32_on_one_device(np.params, np.names);
+  // Each trainable parameter's unit (the first unit whose subtree holds it), or none.
+  // A parameter shared by two units would be released by one while the other runs: refused.
+  std::unordered_map<const void*, int> owner;
+  for (size_t u = 0; u < units.size(); ++u) {
+    for (const auto& item : units[u].module->named_parameters(/*recurse=*/true)) {
+      auto [it, fresh] = owner.emplace(item.value().unsafeGetTensorImpl(), static_cast<int>(u));
+      DSCPP_CHECK(fresh || it->second == static_cast<int>(u) || !item.value().requires_grad(),
+                  ConfigError, "parameter '", item.key(), "' of stage-3 unit '", units[u].name,
+                  "' also belongs to unit '", units[it->second].name,
+                  "' (a tied parameter). HINT: make one unit "
+                  "of the module that owns it and call it for every use (as the GPT does with "
+                  "wte), or leave the modules that share it out of InitOptions::zero_units");
+    }
+  }
+  UnitAssignment a;
+  a.sharded.resize(units.size());
+  for (size_t i = 0; i < np.params.size(); ++i) {
+    const at::Tensor& p = np.params[i];
+    auto it = owner.find(p.unsafeGetTensorImpl());
+    const bool shard_it = it != owner.end() && p.numel() >= persistence_threshold;
+    DSCPP_CHECK(shard_it || !is_presharded(p), ConfigError, "parameter '", np.names[i],
+                "' was sharded by zero::Init but is in no unit of InitOptions::zero_units (or "
+                "below its stage3_param_persistence_threshold), so its values are gone. HINT: give "
+                "zero::Init and initialize() the same unit policy and config");
+    NamedParams& dst = shard_it ? a.sharded[it->second] : a.resident;
+    dst.params.push_back(p);
+    dst.names.push_back(np.names[i]);
+  }
+  return a;
+}
+
+std::vector<int> disk_slots(const std::vector<int64_t>& shard_numels, int64_t max_in_cpu) {
+  std::vector<int> slots(shard_numels.size(), -1);
+  int next = 0;
+  int64_t kept = 0;
+  for (size_t u = 0; u < shard_numels.size(); ++u) {
+    const int64_t n = shard_numels[u];
+    if (n == 0) continue;
+    if (next == 0 && kept + n <= max_in_cpu) {
+      kept += n;
+      continue;
+    }
+    slots[u] = next++;
+  }
+  return slots;
+}
+
 // ----- set-up ---------------------------------------------------------------------------------
 
 Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& comm,
                const StrategyOptions& options, const Stage3Options& s3,
                const PartTapFactory& make_tap)
-    : comm_(comm), s3_(s3), fetcher_(comm, s3.debug, s3.quantize_weights, s3.secondary_group), model_(&model) {
-  DSCPP_CHECK(!np.params.empty(), ConfigError,
-              "the model has no trainable parameters (requires_grad). HINT: nothing to train");
+    : comm_(comm),
+      s3_(s3),
+      fetcher_(comm, s3.debug, s3.quantize_weights, s3.secondary_group),
+      model_(&model) {
   options_ = np.params[0].options().dtype(options.reduce.dtype).requires_grad(false);
   allgather_bucket_size_ = options.allgather_bucket_size;
-  find_units(model, s3.units);
-  Assignment a = assign(np);
+  const std::vector<UnitRoot> roots = find_units(model, s3.units, &whole_model_unit_);
+  for (const UnitRoot& root : roots) {
+    units_.emplace_back();
+    units_.back().module = root.module;
+    units_.back().storage.name = root.name;
+  }
+  const UnitAssignment a = assign_to_units(roots, np, s3.persistence_threshold);
+  for (const auto& p : np.params) numel_ += p.numel();
   const int64_t in_memory = lay_out(a);
   tap_ = make_tap ? make_tap(part_numel_) : PartTap();
   resident_params_ = a.resident.params;
@@ -76,46 +156,7 @@ Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& com
   if (!whole_model_unit_ && !s3_.debug) start_watching();
 }
 
-Stage3::Assignment Stage3::assign(const NamedParams& np) {
-  const auto device = np.params[0].device();
-  // Each trainable parameter's unit (the first unit whose subtree holds it), or none.
-  // A parameter shared by two units would be released by one while the other runs: refused.
-  std::unordered_map<const void*, int> owner;
-  for (size_t u = 0; u < units_.size(); ++u) {
-    for (const auto& item : units_[u].module->named_parameters(/*recurse=*/true)) {
-      auto [it, fresh] = owner.emplace(item.value().unsafeGetTensorImpl(), static_cast<int>(u));
-      DSCPP_CHECK(fresh || it->second == static_cast<int>(u) || !item.value().requires_grad(),
-                  ConfigError, "parameter '", item.key(), "' of stage-3 unit '",
-                  units_[u].storage.name, "' also belongs to unit '",
-                  units_[it->second].storage.name,
-                  "' (a tied parameter). HINT: make one unit "
-                  "of the module that owns it and call it for every use (as the GPT does with "
-                  "wte), or leave the modules that share it out of InitOptions::zero_units");
-    }
-  }
-  Assignment a;
-  a.sharded.resize(units_.size());
-  for (size_t i = 0; i < np.params.size(); ++i) {
-    const at::Tensor& p = np.params[i];
-    DSCPP_CHECK(p.scalar_type() == at::kFloat && p.device() == device, ConfigError, "parameter '",
-                np.names[i], "' is ", p.scalar_type(), " on ", p.device(),
-                "; dscpp keeps the model in fp32 on one device and casts for mixed precision "
-                "itself. HINT: build the model in fp32 on one device");
-    numel_ += p.numel();
-    auto it = owner.find(p.unsafeGetTensorImpl());
-    const bool shard_it = it != owner.end() && p.numel() >= s3_.persistence_threshold;
-    DSCPP_CHECK(shard_it || !is_presharded(p), ConfigError, "parameter '", np.names[i],
-                "' was sharded by zero::Init but is in no unit of InitOptions::zero_units (or "
-                "below its stage3_param_persistence_threshold), so its values are gone. HINT: give "
-                "zero::Init and initialize() the same unit policy and config");
-    NamedParams& dst = shard_it ? a.sharded[it->second] : a.resident;
-    dst.params.push_back(p);
-    dst.names.push_back(np.names[i]);
-  }
-  return a;
-}
-
-int64_t Stage3::lay_out(const Assignment& a) {
+int64_t Stage3::lay_out(const UnitAssignment& a) {
   const int world = comm_.world_size();
   // This rank's part: its shard of the resident group, then its shard of each unit.
   resident_layout_ = FlatLayout::of(a.resident.params, world);
@@ -132,17 +173,17 @@ int64_t Stage3::lay_out(const Assignment& a) {
   // rest of the part.
   int64_t in_memory = shard_total;
   if (s3_.make_param_swapper) {
+    std::vector<int64_t> shards;
+    for (const auto& unit : units_) shards.push_back(unit.layout.shard);
+    const std::vector<int> slots = disk_slots(shards, s3_.max_in_cpu);
     std::vector<int64_t> disk_numels;
     int64_t kept = 0;
-    for (auto& unit : units_) {
-      const int64_t n = unit.layout.shard;
-      if (n == 0) continue;
-      if (disk_numels.empty() && kept + n <= s3_.max_in_cpu) {
-        kept += n;
-        continue;
-      }
-      unit.disk = static_cast<int>(disk_numels.size());
-      disk_numels.push_back(n);
+    for (size_t u = 0; u < units_.size(); ++u) {
+      units_[u].disk = slots[u];
+      if (slots[u] >= 0)
+        disk_numels.push_back(shards[u]);
+      else
+        kept += shards[u];
     }
     in_memory = kept;
     if (!disk_numels.empty()) {
@@ -245,7 +286,7 @@ void Stage3::check_no_presharded_left(torch::nn::Module& model) {
   }
 }
 
-void Stage3::build_reducer(const Assignment& a, const ReduceOptions& reduce) {
+void Stage3::build_reducer(const UnitAssignment& a, const ReduceOptions& reduce) {
   const NamedParams& resident = a.resident;
   const std::vector<NamedParams>& sharded = a.sharded;
   const int64_t resident_shard = resident_layout_.shard;
@@ -319,29 +360,6 @@ Stage3::~Stage3() {
       fetcher_.wait(u.storage);
     } catch (...) {
     }
-  }
-}
-
-void Stage3::find_units(torch::nn::Module& model, const UnitPolicy& policy) {
-  std::vector<std::string> taken;  // paths of units found so far (their subtrees are theirs)
-  for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
-    const std::string& path = item.key();
-    bool inside = false;
-    for (const auto& t : taken) inside = inside || t.empty() || path.rfind(t + ".", 0) == 0;
-    if (inside) continue;
-    if (!matches(policy, path, item.value()->name())) continue;
-    taken.push_back(path);
-    units_.emplace_back();
-    units_.back().module = item.value().get();
-    units_.back().storage.name = path.empty() ? "(root)" : path;
-  }
-  // initialize() checked that every pattern matches a module (check_each_matches), so no unit
-  // means no policy and no module of a marked type (DSCPP_ZERO_UNIT).
-  if (units_.empty()) {
-    whole_model_unit_ = true;
-    units_.emplace_back();
-    units_.back().module = &model;
-    units_.back().storage.name = "(the whole model)";
   }
 }
 

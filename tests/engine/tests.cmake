@@ -2,5 +2,6 @@
 list(APPEND DSCPP_ENGINE_TEST_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/engine_test.cpp
   ${CMAKE_CURRENT_LIST_DIR}/check_supported_test.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/check_model_test.cpp
   ${CMAKE_CURRENT_LIST_DIR}/estimate_test.cpp
   ${CMAKE_CURRENT_LIST_DIR}/train_test.cpp)
