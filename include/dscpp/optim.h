@@ -249,10 +249,13 @@ at::Tensor muon_orthogonalize(const at::Tensor& m, NsMethod method);
 // exp_avg_sq, Adam's second moment, held for the Adam elements only (4 bytes per matrix element
 // fewer than Adam: state() has exp_avg alone; a checkpoint reads exp_avg_sq through
 // state_values(), zero on matrix elements, so it reshards as any optimizer's state). No betas():
-// DeepSpeed's OneCycle does not cycle momentum for Muon.
+// DeepSpeed's OneCycle does not cycle momentum for Muon. With `options` in bf16
+// (bf16.bf16_optimizer_states) both states are held in bf16: each piece is widened, updated in
+// fp32 and rounded back once per step, as the engine's store does for the other optimizers.
 class Muon : public Optimizer {
  public:
-  // matrix_ranges: [offset, length) of the matrix elements of the buffer, disjoint.
+  // matrix_ranges: [offset, length) of the matrix elements of the buffer, disjoint. options: the
+  // states' device and dtype (fp32, or bf16).
   Muon(const MuonParams& params, int64_t numel, at::TensorOptions options,
        std::vector<std::pair<int64_t, int64_t>> matrix_ranges);
   const char* name() const override { return "Muon"; }

@@ -157,7 +157,7 @@ const std::vector<KeyVerdict> kKeyVerdicts = {
      "it turns on stage 3's internal debug assertions; dscpp's are always on", ""},
     {"zero_optimization.save_muon_momentum_buffer_in_memory", N, "[false, true]",
      "it keeps the Muon optimizer's momentum in memory under NVMe offload; dscpp's Muon always "
-     "keeps it in memory (Muon with offload_optimizer is refused)",
+     "keeps it in memory (Muon with offload to nvme is refused)",
      ""},
     {"zero_optimization.use_multi_rank_bucket_allreduce", N, "[true]",
      "it merges ranks' reduce buckets into one all-reduce (stages 1-2); dscpp's reduce is its "

@@ -52,14 +52,18 @@ std::vector<std::string> check_supported(const Config& c, const SupportContext& 
               stage, ". HINT: use stage 0, or Adam/AdamW");
   // Muon keeps its momentum in memory and writes each matrix's update there before the part is
   // stepped (NOTE [Muon across ranks]): a store that swaps the state in piece by piece, or
-  // parameters on disk, would need both passes through the file.
-  DSCPP_CHECK(
-      !(c.optimizer.type == "Muon" && stage > 0 &&
-        (z.offload_optimizer.device != "none" || (stage == 3 && z.offload_param.device != "none"))),
-      ConfigError,
-      "the Muon optimizer with offload (zero_optimization.offload_optimizer or "
-      "offload_param) is not implemented yet: Muon's momentum and updates stay in memory. "
-      "HINT: remove the offload, or use AdamW");
+  // parameters on disk, would need both passes through the file, and a store in host memory for
+  // a model on a GPU its own copies. Offload to "cpu" of a model in host memory moves nothing
+  // (its state is in host memory already), so Muon runs there as without it.
+  const bool muon_offload =
+      z.offload_optimizer.device == "nvme" || (stage == 3 && z.offload_param.device == "nvme") ||
+      (ctx.model_on_device &&
+       (z.offload_optimizer.device == "cpu" || (stage == 3 && z.offload_param.device == "cpu")));
+  DSCPP_CHECK(!(c.optimizer.type == "Muon" && stage > 0 && muon_offload), ConfigError,
+              "the Muon optimizer with offload to nvme, or to cpu of a model on a GPU "
+              "(zero_optimization.offload_optimizer or offload_param), is not implemented yet: "
+              "Muon's momentum and updates stay in the model's memory. HINT: remove the offload, "
+              "or use AdamW");
 
   // ----- precision and communication
   // The loss scaler's own checks of the fp16 section (min_loss_scale above the initial scale,
@@ -133,11 +137,6 @@ std::vector<std::string> check_supported(const Config& c, const SupportContext& 
                 "bf16_optimizer_states requires bf16_master_weights_and_grads to be enabled. "
                 "(DeepSpeed's rule) HINT: set bf16.bf16_master_weights_and_grads true, or remove "
                 "bf16.bf16_optimizer_states");
-    // Muon keeps its momentum beside the matrices' updates (NOTE [Muon across ranks]), outside
-    // the store that holds the bf16 states.
-    DSCPP_CHECK(c.optimizer.type != "Muon", ConfigError,
-                "bf16.bf16_optimizer_states with the Muon optimizer is not implemented yet: "
-                "Muon's momentum stays in fp32. HINT: remove bf16_optimizer_states, or use AdamW");
   }
 
   if (c.bf16.immediate_grad_update && gradient_dtype(c, stage) != at::kFloat) {

@@ -420,7 +420,10 @@ void EngineImpl::build_strategy() {
   precision::PartStoreOptions po;
   po.dtype = dtype_;
   po.bf16_master = config_.bf16.bf16_master_weights_and_grads;
-  if (config_.bf16.bf16_optimizer_states) po.bf16_states = optimizer_state_starts();
+  // bf16.bf16_optimizer_states: the store holds the states in bf16, except Muon's, which Muon
+  // holds in bf16 itself (its momentum is folded before the step, NOTE [Muon across ranks]).
+  if (config_.bf16.bf16_optimizer_states && config_.optimizer.type != "Muon")
+    po.bf16_states = optimizer_state_starts();
   po.device = device_;
   po.nvme = nvme;
   po.sub_group_size = zc.sub_group_size;
@@ -701,6 +704,7 @@ void EngineImpl::build_optimizer() {
     if (store_->steps_on_host()) state = state.device(at::kCPU);
     std::vector<std::pair<int64_t, int64_t>> segments = strategy_->optimizer_segments();
     if (config_.optimizer.type == "Muon") {
+      if (config_.bf16.bf16_optimizer_states) state = state.dtype(at::kBFloat16);
       muon_matrices_ = std::make_unique<zero::MuonMatrices>(strategy_->checkpoint_groups(),
                                                             strategy_->replicated(), *comm_);
       segments = muon_matrices_->local_ranges();

@@ -104,6 +104,9 @@ at::Tensor muon_orthogonalize(const at::Tensor& m, NsMethod method) {
 
 namespace {
 
+// bf16 states are widened this many elements at a time for the Adam half's step.
+constexpr int64_t kBf16StatePiece = int64_t{1} << 20;
+
 AdamParams adam_half(const MuonParams& p) {
   AdamParams a;
   a.lr = p.adam_lr_or_default();
@@ -122,7 +125,10 @@ Muon::Muon(const MuonParams& params, int64_t numel, at::TensorOptions options,
     : Optimizer(numel),
       params_(params),
       ns_method_(parse_ns_method(params.ns_method)),
-      adam_(adam_half(params), 0, options) {
+      adam_(adam_half(params), 0, options.dtype(at::kFloat)) {
+  DSCPP_CHECK(options.dtype() == at::kFloat || options.dtype() == at::kBFloat16, Error,
+              "Muon: the state is fp32 or bf16 (bf16.bf16_optimizer_states), not ",
+              options.dtype());
   std::sort(matrix_ranges.begin(), matrix_ranges.end());
   int64_t at = 0;
   for (const auto& [offset, length] : matrix_ranges) {
@@ -214,10 +220,14 @@ at::Tensor Muon::fold_momentum(int64_t offset, const at::Tensor& grads, double g
               "Muon.fold_momentum: grad_scale ", grad_scale, " must be finite and > 0");
   const c10::AutoGradMode no_grad(false);
   const double beta = params_.momentum;
-  at::Tensor m = exp_avg_.narrow(0, offset, n);
+  at::Tensor held = exp_avg_.narrow(0, offset, n);
+  // bf16 momentum (bf16.bf16_optimizer_states): widened, folded in fp32 and rounded back once,
+  // as the store does with the other optimizers' bf16 states; the update uses the fp32 value.
+  at::Tensor m = held.scalar_type() == at::kFloat ? held : held.to(at::kFloat);
   at::Tensor g = grads.reshape({-1}).to(m.options(), /*non_blocking=*/false, /*copy=*/true);
   if (grad_scale != 1.0) g.mul_(1.0 / grad_scale);
   m.lerp_(g, 1.0 - beta);
+  if (!m.is_same(held)) held.copy_(m);
   return g.lerp_(m, beta);  // Nesterov: (1-b)*g + b*m
 }
 
@@ -256,9 +266,23 @@ void Muon::step(at::Tensor& params, const at::Tensor& grads, const StepContext& 
   for_each_run(begin, end, [&](int64_t lo, int64_t hi, bool matrix) {
     at::Tensor p = params.narrow(0, lo - begin, hi - lo);
     if (!matrix) {  // the Adam half, on this optimizer's state for [lo, hi)
-      adam_ctx.state = {exp_avg_.narrow(0, lo, hi - lo),
-                        exp_avg_sq_.narrow(0, lo - matrix_before(lo), hi - lo)};
-      adam_.step(p, grads.narrow(0, lo - begin, hi - lo), adam_ctx);
+      const int64_t compact = lo - matrix_before(lo);
+      if (exp_avg_.scalar_type() == at::kFloat) {
+        adam_ctx.state = {exp_avg_.narrow(0, lo, hi - lo), exp_avg_sq_.narrow(0, compact, hi - lo)};
+        adam_.step(p, grads.narrow(0, lo - begin, hi - lo), adam_ctx);
+        return;
+      }
+      // bf16 states: a piece at a time widened, stepped and rounded back once.
+      for (int64_t at = lo; at < hi; at += kBf16StatePiece) {
+        const int64_t len = std::min(kBf16StatePiece, hi - at);
+        at::Tensor m = exp_avg_.narrow(0, at, len),
+                   v = exp_avg_sq_.narrow(0, compact + at - lo, len);
+        adam_ctx.state = {m.to(at::kFloat), v.to(at::kFloat)};
+        at::Tensor piece = params.narrow(0, at - begin, len);
+        adam_.step(piece, grads.narrow(0, at - begin, len), adam_ctx);
+        m.copy_(adam_ctx.state[0]);
+        v.copy_(adam_ctx.state[1]);
+      }
       return;
     }
     const size_t i = range_of(lo, hi - lo, "step");

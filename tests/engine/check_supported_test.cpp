@@ -39,13 +39,25 @@ TEST(CheckSupported, TheDefaultsAndEveryImplementedSettingPass) {
       "activation_checkpointing": {"partition_activations": false},
       "checkpoint": {"tag_validation": "Warn"}, "tensorboard": {"enabled": false})")
                   .empty());
-  // Muon at every stage (offload is refused below), and with offload at stage 0, which ignores it.
+  // Muon at every stage (offload to nvme is refused below), and with offload at stage 0, which
+  // ignores it.
   for (const char* stage : {"0", "1", "2", "3"}) {
     EXPECT_TRUE(
         check(std::string(R"(, "optimizer": {"type": "Muon"}, "zero_optimization": {"stage": )") +
               stage + "}")
             .empty());
   }
+  // Muon with offload to cpu of a model in host memory, where nothing moves
+  // (EngineZero3.MuonMatchesStage0AtEveryStage); of a model on a GPU it is refused.
+  const std::string muon_cpu_offload =
+      R"(, "optimizer": {"type": "Muon"}, "bf16": {"enabled": true}, "zero_optimization":
+         {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}})";
+  EXPECT_TRUE(check(muon_cpu_offload).empty());
+  SupportContext cuda;
+  cuda.model_on_device = true;
+  cuda.device = "cuda:0";
+  EXPECT_NE(refusal(muon_cpu_offload, cuda).find("or to cpu of a model on a GPU"),
+            std::string::npos);
 }
 
 TEST(CheckSupported, SettingsThatWouldChangeTrainingOrMemoryAreRefusedByName) {
@@ -64,12 +76,12 @@ TEST(CheckSupported, SettingsThatWouldChangeTrainingOrMemoryAreRefusedByName) {
             "offload_optimizer.ratio 0.5"},
            {R"(, "zero_optimization": {"stage": 1}, "optimizer": {"type": "Lamb", "params": {}})",
             "Lamb"},
-           {R"(, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
-               "optimizer": {"type": "Muon"})",
-            "the Muon optimizer with offload"},
+           {R"(, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme",
+               "nvme_path": "/tmp"}}, "optimizer": {"type": "Muon"})",
+            "the Muon optimizer with offload to nvme"},
            {R"(, "bf16": {"enabled": true}, "zero_optimization": {"stage": 3, "offload_param":
-               {"device": "cpu"}}, "optimizer": {"type": "Muon"})",
-            "the Muon optimizer with offload"},
+               {"device": "nvme", "nvme_path": "/tmp"}}, "optimizer": {"type": "Muon"})",
+            "the Muon optimizer with offload to nvme"},
            {R"(, "fp16": {"enabled": true, "auto_cast": true})", "fp16.auto_cast"},
            {R"(, "fp16": {"enabled": true, "initial_scale_power": 2, "min_loss_scale": 8})",
             "(2^fp16.initial_scale_power) is below fp16.min_loss_scale=8"},
@@ -239,16 +251,14 @@ TEST(CheckSupported, Bf16MasterWeightsFollowDeepSpeedsRules) {
 
   // bf16_optimizer_states (EngineMixedPrecision.Bf16OptimizerStatesAreRoundedEveryStep).
   const std::string states = R"(, "bf16_optimizer_states": true)";
-  for (const char* ok :
-       {R"("stage": 1)", R"("stage": 2, "offload_optimizer": {"device": "cpu"})", R"("stage": 3)"})
+  for (const char* ok : {R"("stage": 1)", R"("stage": 2, "offload_optimizer": {"device": "cpu"})",
+                         R"("stage": 3)", R"("stage": 2}, "optimizer": {"type": "Muon")"})
     EXPECT_TRUE(check(bf16(master + states, ok)).empty()) << ok;
   for (const auto& [config, needle] : std::vector<std::pair<std::string, std::string>>{
            {bf16(states, R"("stage": 0)"),
             "bf16_optimizer_states is only supported with ZeRO Stage 1, 2, or 3."},
            {bf16(states, R"("stage": 2)"),
-            "bf16_optimizer_states requires bf16_master_weights_and_grads to be enabled."},
-           {bf16(master + states, R"("stage": 2}, "optimizer": {"type": "Muon")"),
-            "bf16.bf16_optimizer_states with the Muon optimizer is not implemented yet"}}) {
+            "bf16_optimizer_states requires bf16_master_weights_and_grads to be enabled."}}) {
     EXPECT_NE(refusal(config).find(needle), std::string::npos) << config << "\n" << refusal(config);
   }
 }

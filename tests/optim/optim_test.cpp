@@ -905,6 +905,63 @@ TEST(OptimMuon, ThreeStepsAreMuonWithAuxAdams) {
   EXPECT_THROW(Muon(mp, 28, at::kFloat, {{0, 15}, {10, 8}}), Error);  // overlapping
 }
 
+// bf16.bf16_optimizer_states with Muon: both states held in bf16 (half the bytes), and each step
+// is exactly the fp32 step with the states rounded to bf16 after each fold and each step (the
+// fold's update uses the momentum before rounding, as the engine's store does for the other
+// optimizers' bf16 states).
+TEST(OptimMuon, Bf16StatesAreTheFp32StepRoundedOnce) {
+  MuonParams mp;
+  mp.muon_lr = 0.02;
+  mp.adam_lr = 0.003;
+  mp.weight_decay = 0.1;
+  const std::vector<std::pair<int64_t, int64_t>> ranges = {{0, 15}, {15, 8}};
+  const std::vector<std::vector<int64_t>> shapes = {{5, 3}, {2, 4}};
+  Muon bf16(mp, 28, at::kBFloat16, ranges), twin(mp, 28, at::kFloat, ranges),
+      plain(mp, 28, at::kFloat, ranges);  // fp32 states, never rounded
+  EXPECT_EQ(bf16.state_bytes(), (28 + 5) * 2);
+  auto round_states = [&](int64_t off, int64_t n) {
+    for (size_t i = 0; i < 2; ++i)
+      twin.load_state_values(i, off, twin.state_values(i, off, n).to(at::kBFloat16).to(at::kFloat));
+  };
+  at::Tensor p16 = at::cat({sines(15, 0.37, 0.1), sines(8, 0.23, 0.4), sines(5, 0.51, 0.2)});
+  at::Tensor p32 = p16.clone(), pplain = p16.clone();
+  for (int s = 0; s < 4; ++s) {
+    const at::Tensor grads = sines(28, 0.11 * (s + 1), 0.3 * s) * (0.5 + s);
+    for (size_t k = 0; k < ranges.size(); ++k) {
+      const auto [off, len] = ranges[k];
+      const at::Tensor u16 = bf16.fold_momentum(off, grads.narrow(0, off, len), 2.0);
+      const at::Tensor u32 = twin.fold_momentum(off, grads.narrow(0, off, len), 2.0);
+      const at::Tensor uplain = plain.fold_momentum(off, grads.narrow(0, off, len), 2.0);
+      round_states(off, len);
+      EXPECT_TRUE(at::equal(u16, u32)) << "step " << s << " matrix " << k;
+      const at::Tensor update =
+          muon_orthogonalize(u16.view({shapes[k][0], shapes[k][1]}), NsMethod::gram);
+      bf16.set_update(off, update);
+      twin.set_update(off, update.clone());
+      plain.set_update(
+          off, muon_orthogonalize(uplain.view({shapes[k][0], shapes[k][1]}), NsMethod::gram));
+    }
+    StepContext ctx;
+    ctx.lr = 0.02;
+    ctx.step = s + 1;
+    ctx.grad_scale = 2.0;
+    bf16.step(p16, grads, ctx);
+    twin.step(p32, grads, ctx);
+    plain.step(pplain, grads, ctx);
+    round_states(0, 28);
+    EXPECT_TRUE(at::equal(p16, p32)) << "step " << s;
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_TRUE(
+          at::equal(bf16.state_values(i, 0, 28).to(at::kFloat), twin.state_values(i, 0, 28)))
+          << "state " << i << " step " << s;
+    }
+  }
+  // The rounding is real: fp32 states give other weights.
+  EXPECT_FALSE(at::equal(p16, pplain));
+  EXPECT_EQ(bf16.state_values(0, 0, 28).scalar_type(), at::kBFloat16);
+  EXPECT_THROW(Muon(mp, 28, at::kHalf, ranges), Error);
+}
+
 // The ATen path on CUDA against the fused CPU kernel (skipped without a GPU).
 TEST(OptimCuda, TorchPathOnCudaMatchesCpuKernel) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";

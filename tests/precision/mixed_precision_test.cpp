@@ -195,6 +195,12 @@ TEST(EngineMixedPrecision, Bf16MasterWeightsAreTheParameters) {
   for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
 }
 
+// bf16 with bf16 master weights (and optionally bf16 optimizer states) at `stage`.
+std::string bf16_master(bool states, int stage) {
+  return std::string(R"(, "bf16": {"enabled": true, "bf16_master_weights_and_grads": true)") +
+         (states ? R"(, "bf16_optimizer_states": true)" : "") + "}" + zero_stage(stage);
+}
+
 // bf16.bf16_optimizer_states (with bf16 master weights): the optimizer's states are bf16 too.
 // Each step is the fp32 optimizer's on the parameters and states widened from bf16, both rounded
 // back once: a bf16 twin stepped by optim::SGD (momentum 0.9) on widened copies is matched bit
@@ -205,10 +211,6 @@ TEST(EngineMixedPrecision, Bf16MasterWeightsAreTheParameters) {
 TEST(EngineMixedPrecision, Bf16OptimizerStatesAreRoundedEveryStep) {
   const std::string sgd =
       R"(, "gradient_clipping": 0, "optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}})";
-  auto bf16 = [](bool states, int stage) {
-    return std::string(R"(, "bf16": {"enabled": true, "bf16_master_weights_and_grads": true)") +
-           (states ? R"(, "bf16_optimizer_states": true)" : "") + "}" + zero_stage(stage);
-  };
   const at::Tensor X = dataset_x().narrow(0, 0, 4), Y = dataset_y().narrow(0, 0, 4);
   auto train_step = [&](Net& net, Engine& engine) {
     engine.backward(at::mse_loss(net->forward(X.to(at::kBFloat16)).to(at::kFloat), Y));
@@ -218,7 +220,7 @@ TEST(EngineMixedPrecision, Bf16OptimizerStatesAreRoundedEveryStep) {
     for (bool states : {true, false}) {
       for (int stage : {1, 2, 3}) {
         const std::string what = "stage " + std::to_string(stage) + (states ? " bf16 states" : "");
-        const std::string cfg = config_json(4, 4, sgd + bf16(states, stage));
+        const std::string cfg = config_json(4, 4, sgd + bf16_master(states, stage));
         Net net = make_net(1), twin = make_net(1);
         auto engine = initialize(net.ptr(), cfg, borrowed(c));
         twin->to(at::kBFloat16);
@@ -261,8 +263,8 @@ TEST(EngineMixedPrecision, Bf16OptimizerStatesAreRoundedEveryStep) {
           testing::TempDir dir;
           engine->save_checkpoint(dir.path(), "bf16states");
           train_step(net, *engine);
-          for (const std::string& other :
-               {config_json(4, 4, sgd + bf16(false, 1)), config_json(4, 4, sgd + bf16(true, 3))}) {
+          for (const std::string& other : {config_json(4, 4, sgd + bf16_master(false, 1)),
+                                           config_json(4, 4, sgd + bf16_master(true, 3))}) {
             Net again = make_net(2);
             auto loaded = initialize(again.ptr(), other, borrowed(c));
             loaded->load_checkpoint(dir.path(), "bf16states");
@@ -275,7 +277,7 @@ TEST(EngineMixedPrecision, Bf16OptimizerStatesAreRoundedEveryStep) {
       }
     }
     // Adam's two states, 2 bytes each, and the step still learns.
-    const std::string adam = config_json(4, 4, kAdamW + bf16(true, 2));
+    const std::string adam = config_json(4, 4, kAdamW + bf16_master(true, 2));
     Net net = make_net(1);
     auto engine = initialize(net.ptr(), adam, borrowed(c));
     int64_t numel = 0;
@@ -291,6 +293,81 @@ TEST(EngineMixedPrecision, Bf16OptimizerStatesAreRoundedEveryStep) {
       engine->step();
     }
     EXPECT_LT(losses.back(), 0.9 * losses.front());
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+}
+
+// Muon with bf16.bf16_optimizer_states: Muon holds both states in bf16 itself (the store holds
+// the others'), half the bytes of its fp32 states at every stage, in the estimate too; the
+// matrices' owners (NOTE [Muon across ranks]) work as with fp32 states on 2 ranks; and a
+// checkpoint of bf16 states loads into a run with fp32 states, whose next step then gives the
+// same weights (the step reads widened states either way). Exactness of the rounding itself:
+// OptimMuon.Bf16StatesAreTheFp32StepRoundedOnce.
+TEST(EngineMixedPrecision, MuonWithBf16OptimizerStates) {
+  const std::string muon =
+      R"(, "gradient_clipping": 0, "optimizer": {"type": "Muon", "params": {"lr": 0.005, "adam_lr": 0.003}})";
+  const at::Tensor X = dataset_x().narrow(0, 0, 8), Y = dataset_y().narrow(0, 0, 8);
+  auto train_step = [](Net& net, Engine& engine, const at::Tensor& x, const at::Tensor& y) {
+    const at::Tensor loss = at::mse_loss(net->forward(x.to(at::kBFloat16)).to(at::kFloat), y);
+    engine.backward(loss);
+    engine.step();
+    return loss.item<double>();
+  };
+  auto errors = run_thread_ranks(2, [&](Communicator& c) {
+    const at::Tensor x = X.narrow(0, 4 * c.rank(), 4), y = Y.narrow(0, 4 * c.rank(), 4);
+    for (int stage : {1, 2, 3}) {
+      const std::string what = "stage " + std::to_string(stage);
+      Net with = make_net(1), without = make_net(1);
+      auto a =
+          initialize(with.ptr(), config_json(8, 4, muon + bf16_master(true, stage)), borrowed(c));
+      auto b = initialize(without.ptr(), config_json(8, 4, muon + bf16_master(false, stage)),
+                          borrowed(c));
+      EXPECT_EQ(2 * a->memory_stats().optimizer_state, b->memory_stats().optimizer_state) << what;
+      std::vector<double> la, lb;
+      for (int step = 0; step < 6; ++step) {
+        la.push_back(train_step(with, *a, x, y));
+        lb.push_back(train_step(without, *b, x, y));
+      }
+      // The batch's loss (both ranks' halves) falls.
+      at::Tensor ends = at::tensor({la.front(), la.back()}, at::kDouble);
+      c.all_reduce(ends)->wait();
+      EXPECT_LT(ends[1].item<double>(), 0.98 * ends[0].item<double>()) << what << ": it learns";
+      EXPECT_NEAR(la.back(), lb.back(), 0.02 * lb.back()) << what;
+      bool all_equal = true;
+      auto pa = with->named_parameters(), pb = without->named_parameters();
+      for (const auto& item : pb) all_equal = all_equal && at::equal(pa[item.key()], item.value());
+      EXPECT_FALSE(all_equal) << what << ": the states were not rounded";
+    }
+    int64_t numel = 0;
+    for (const auto& p : make_net(1)->parameters()) numel += p.numel();
+    engine::EstimateInput in{numel};
+    in.world = 2;
+    const auto states = [&](bool on) {
+      return engine::estimate(in, Config::parse(config_json(8, 4, muon + bf16_master(on, 2))))
+          .optimizer_state;
+    };
+    EXPECT_EQ(2 * states(true), states(false));
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
+  errors = run_thread_ranks(1, [&](Communicator& c) {
+    const at::Tensor x = X.narrow(0, 0, 4), y = Y.narrow(0, 0, 4);
+    Net net = make_net(1);
+    auto engine =
+        initialize(net.ptr(), config_json(4, 4, muon + bf16_master(true, 2)), borrowed(c));
+    for (int step = 0; step < 3; ++step) train_step(net, *engine, x, y);
+    testing::TempDir dir;
+    engine->save_checkpoint(dir.path(), "muon");
+    train_step(net, *engine, x, y);
+    for (const std::string& other : {config_json(4, 4, muon + bf16_master(false, 1)),
+                                     config_json(4, 4, muon + bf16_master(true, 3))}) {
+      Net again = make_net(2);
+      auto loaded = initialize(again.ptr(), other, borrowed(c));
+      loaded->load_checkpoint(dir.path(), "muon");
+      train_step(again, *loaded, x, y);
+      auto got = again->named_parameters();
+      for (const auto& item : net->named_parameters())
+        EXPECT_TRUE(at::equal(got[item.key()], item.value())) << other << " " << item.key();
+    }
   });
   for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
 }

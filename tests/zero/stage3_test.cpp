@@ -247,7 +247,8 @@ TEST(EngineZero3, MatchesStage0UnderEveryUnitSetting) {
   }
 }
 
-// Muon at stages 1, 2 and 3 reproduces stage 0 at worlds 1-3 and GAS 1-2: every weight matrix
+// Muon at stages 1, 2 and 3 (and at stage 3 with offload to cpu of this model in host memory)
+// reproduces stage 0 at worlds 1-3 and GAS 1-2: every weight matrix
 // (in, the blocks, head, and tied, an Embedding whose name lacks "embed") is orthogonalised
 // whole by one rank although StackNet's 952 elements cut matrices between ranks, and the biases
 // take the Adam half at its own learning rate and schedule. rtol 1e-5: the different order of
@@ -269,7 +270,10 @@ TEST(EngineZero3, MuonMatchesStage0AtEveryStage) {
     for (const std::string zero :
          {std::string(", \"zero_optimization\": {\"stage\": 1}"),
           std::string(", \"zero_optimization\": {\"stage\": 2, \"reduce_bucket_size\": 50}"),
-          zero3(", \"stage3_param_persistence_threshold\": 0")}) {
+          zero3(", \"stage3_param_persistence_threshold\": 0"),
+          // Offload to cpu of a model in host memory: nothing moves, the same run.
+          zero3(", \"stage3_param_persistence_threshold\": 0, \"offload_optimizer\": "
+                "{\"device\": \"cpu\"}, \"offload_param\": {\"device\": \"cpu\"}")}) {
       auto sk = run_stack(cs.world, steps, config_json(B, micro, muon + zero), kEverything);
       for (int r = 0; r < cs.world; ++r)
         expect_same_run(sk[r], s0[0], 1e-5, what + zero + " rank " + std::to_string(r));
