@@ -2,6 +2,8 @@
 // with the optimizer, schedule, batch sizes and gradient accumulation all from a DeepSpeed JSON
 // config. Each rank draws its own micro-batches; the engine averages gradients over ranks.
 //   dscpp launch --num_procs 2 ./my_trainer ds_config.json
+//   ./my_trainer ds_config.json --check 8     # what initialize() would refuse on 8 ranks, then
+//   exit
 #include <ATen/ATen.h>
 #include <dscpp/engine.h>
 #include <dscpp/error.h>
@@ -32,6 +34,14 @@ int main(int argc, char** argv) {
     "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 20}}})";
   try {
     auto model = std::make_shared<Net>();
+    // --check N: the pre-flight for a job of N ranks (the config, the batch, the model, memory),
+    // without joining one.
+    if (argc > 3 && std::string(argv[2]) == "--check") {
+      for (const auto& w : dscpp::check(model, config, std::stoi(argv[3])))
+        std::cout << "warning: " << w << std::endl;
+      std::cout << "initialize() would accept this config on " << argv[3] << " ranks" << std::endl;
+      return 0;
+    }
     auto engine = dscpp::initialize(model, config);
     auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + engine->rank());
     for (int step = 0; step < 600; ++step) {

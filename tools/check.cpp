@@ -14,6 +14,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -317,7 +318,8 @@ void check_gpt(Checklist& cl, const Config& cfg, models::GPTConfig gpt, bool che
     zero::ShapesOnly shapes;
     built = models::GPT(gpt, /*seed=*/0);
   }
-  engine::check_model(cfg, *built, models::GPTImpl::zero_units(), world);
+  for (const auto& w : engine::check_model(cfg, *built, models::GPTImpl::zero_units(), world))
+    std::cout << "       warning: " << w << std::endl;
   cl.ok(fmt::format("model GPT {} ({} trainable parameters): {}, and the engine accepts it",
                     gpt.to_string(), gpt.num_parameters(), memory));
 }
@@ -480,6 +482,24 @@ int check_main(int argc, char** argv) {
                         cfg.batch.gradient_accumulation_steps, world));
       for (const auto& w : warnings) std::cout << "       warning: " << w << std::endl;
       DSCPP_LOG_INFO("resolved config (values in force):\n{}", cfg.describe());
+      if (model.empty()) {
+        // What needs the model: said, not passed in silence.
+        std::vector<std::string> unchecked;
+        const auto& z = cfg.zero_optimization;
+        if (cfg.torch_autocast.enabled && cfg.torch_autocast.lower_precision_safe_modules)
+          unchecked.push_back("torch_autocast.lower_precision_safe_modules");
+        if (z.stage == 3 && (!z.leaf_module.classes.empty() || !z.leaf_module.names.empty() ||
+                             !z.leaf_module.name_suffixes.empty()))
+          unchecked.push_back("zero_optimization.leaf_module");
+        if (z.stage == 3 && z.offload_param.device == "nvme")
+          unchecked.push_back("offload_param.buffer_size against the largest unit shard");
+        unchecked.push_back("the memory this job needs");
+        std::cout << "       note: not checked without a model: "
+                  << fmt::format("{}", fmt::join(unchecked, ", "))
+                  << " (--model gpt checks them for dscpp train's GPT; dscpp::check() in a "
+                     "program of your own)"
+                  << std::endl;
+      }
       if (model == "gpt") {
         try {
           check_gpt(cl, cfg, gpt, checkpointing, hosts, world, device);

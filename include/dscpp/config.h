@@ -326,7 +326,8 @@ struct OffloadParamConfig {
 // warns). Only stage 3 reads it, as DeepSpeed.
 struct ZeroLeafModuleConfig {
   // Module types: torch::nn::Module::name() whole ("dscpp::models::BlockImpl") or after its last
-  // "::" ("BlockImpl"), as DeepSpeed takes a class's qualified or bare name. Default empty
+  // "::" ("BlockImpl"), as DeepSpeed takes a class's qualified or bare name, TORCH_MODULE's
+  // "Impl" optional ("Block", "dscpp::models::Block"). Default empty
   // (DeepSpeed's defaults name Hugging Face Python classes, which a libtorch model cannot be).
   std::vector<std::string> classes;
   // Module paths as named_modules() spells them ("h.0"). Default empty.

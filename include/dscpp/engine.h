@@ -291,13 +291,15 @@ std::shared_ptr<Engine> initialize(std::shared_ptr<torch::nn::Module> model,
 // joining a job or building anything: the config's settings and batch, the model's (trainable
 // parameters fp32 on one device, stage 3's units, torch_autocast's safe modules,
 // offload_param.buffer_size against the largest shard on disk) and the pre-flight memory check
-// (NOTE [pre-flight] in src/engine/estimate.h) against this host. `options` as initialize() would
-// get them (a client optimizer, zero_units, device_link, activation_bytes; the communicator and
-// file systems are not used). Throws the ConfigError initialize() would throw, with its text;
-// returns the warnings it would log. A model built for its shapes only (zero::ShapesOnly) is
-// judged as the model it describes.
+// (NOTE [pre-flight] in src/engine/estimate.h) against this host. world 0: this process's job
+// as the launcher describes it (detect_process_env(): WORLD_SIZE and LOCAL_WORLD_SIZE, 1 and 1
+// without a launcher). `options` as initialize() would get them (a client optimizer, zero_units,
+// device_link, activation_bytes; the communicator and file systems are not used). Throws the
+// ConfigError initialize() would throw, with its text; returns every warning it would log (the
+// parser logs its own as it reads the config, as it does for initialize()). A model built for
+// its shapes only (zero::ShapesOnly) is judged as the model it describes.
 std::vector<std::string> check(std::shared_ptr<torch::nn::Module> model,
-                               const std::string& config_path_or_json, int world,
+                               const std::string& config_path_or_json, int world = 0,
                                const InitOptions& options = {}, int local_ranks = 0);
 
 }  // namespace dscpp

@@ -18,8 +18,9 @@
 
 namespace dscpp::engine {
 
-void check_model(const Config& config, torch::nn::Module& model, const zero::UnitPolicy& zero_units,
-                 int world) {
+std::vector<std::string> check_model(const Config& config, torch::nn::Module& model,
+                                     const zero::UnitPolicy& zero_units, int world) {
+  std::vector<std::string> warnings;
   const auto& z = config.zero_optimization;
   const zero::NamedParams np = zero::trainable_parameters(model);
   zero::check_fp32_on_one_device(np.params, np.names);
@@ -36,9 +37,9 @@ void check_model(const Config& config, torch::nn::Module& model, const zero::Uni
   if (config.torch_autocast.enabled) {
     const auto& modules = config.torch_autocast.lower_precision_safe_modules;
     precision::lower_precision_parameters(
-        model, modules ? *modules : precision::default_lower_precision_modules());
+        model, modules ? *modules : precision::default_lower_precision_modules(), &warnings);
   }
-  if (z.stage != 3) return;
+  if (z.stage != 3) return warnings;
   // Stage 3's plan (src/zero/stage3_plan.h): every unit named matches a module, no trainable
   // parameter is in two units, and with offload_param nvme each shard on disk fits one of its
   // buffers (DeepSpeed asserts a partition fits one buffer too).
@@ -48,7 +49,7 @@ void check_model(const Config& config, torch::nn::Module& model, const zero::Uni
       zero::find_units(model, zero::with_leaf_modules(zero_units, z.leaf_module), &whole_model);
   const zero::UnitAssignment a =
       zero::assign_to_units(units, np, z.stage3_param_persistence_threshold);
-  if (z.offload_param.device != "nvme") return;
+  if (z.offload_param.device != "nvme") return warnings;
   std::vector<int64_t> shards;
   for (const auto& unit : a.sharded)
     shards.push_back(zero::FlatLayout::of(unit.params, world).shard);
@@ -63,6 +64,7 @@ void check_model(const Config& config, torch::nn::Module& model, const zero::Uni
               largest, " elements over ", world,
               " ranks), which must fit one buffer. HINT: set buffer_size to at least ", largest,
               ", or use smaller units");
+  return warnings;
 }
 
 void model_fits(const Config& config, torch::nn::Module& model, const ModelFit& fit) {
@@ -100,6 +102,11 @@ std::vector<std::string> check(std::shared_ptr<torch::nn::Module> model,
                                const std::string& config_path_or_json, int world,
                                const InitOptions& options, int local_ranks) {
   DSCPP_CHECK(model, ConfigError, "check() was given a null model");
+  if (world == 0) {  // this process's job
+    const ProcessEnv env = detect_process_env();
+    world = env.world_size;
+    if (local_ranks == 0) local_ranks = env.local_world_size;
+  }
   DSCPP_CHECK(world > 0, ConfigError, "check(): the world size must be > 0, got ", world);
   DSCPP_CHECK(local_ranks >= 0 && local_ranks <= world, ConfigError, "check(): local_ranks ",
               local_ranks, " is not in [0, world ", world, "]");
@@ -114,7 +121,9 @@ std::vector<std::string> check(std::shared_ptr<torch::nn::Module> model,
   support.world = world;
   std::vector<std::string> warnings =
       engine::check_config(config, support, "the world size given to dscpp::check()");
-  engine::check_model(config, *model, options.zero_units, world);
+  const std::vector<std::string> model_warnings =
+      engine::check_model(config, *model, options.zero_units, world);
+  warnings.insert(warnings.end(), model_warnings.begin(), model_warnings.end());
   engine::ModelFit fit;
   fit.world = world;
   fit.local = local_ranks > 0 ? local_ranks : world;

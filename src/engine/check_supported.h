@@ -60,10 +60,11 @@ int secondary_partition_size(const Config& config, int host, int world,
 // stage 3; every torch_autocast.lower_precision_safe_modules entry names a module class; at
 // stage 3 every unit named (`zero_units`, leaf_module) matches a module, no trainable parameter
 // is in two units, and with offload_param nvme each shard on disk fits offload_param.buffer_size
-// (stage 3's plan, src/zero/stage3_plan.h). Throws ConfigError. initialize() runs it right after
-// the batch is resolved; dscpp::check and `dscpp check --model` run the same.
-void check_model(const Config& config, torch::nn::Module& model, const zero::UnitPolicy& zero_units,
-                 int world);
+// (stage 3's plan, src/zero/stage3_plan.h). Throws ConfigError; returns the warnings (a safe
+// module class that holds no parameters itself). initialize() runs it right after the batch is
+// resolved and logs them on rank 0; dscpp::check and `dscpp check --model` run the same.
+std::vector<std::string> check_model(const Config& config, torch::nn::Module& model,
+                                     const zero::UnitPolicy& zero_units, int world);
 
 // The job a model's memory is judged for.
 struct ModelFit {

@@ -76,7 +76,9 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> model, Config config, 
   }
   resolve_batch();
   check_same_model_on_every_rank();
-  check_model(config_, *model_, zero_units_, comm_->world_size());
+  for (const auto& w : check_model(config_, *model_, zero_units_, comm_->world_size())) {
+    if (comm_->rank() == 0) DSCPP_LOG_WARN("{}", w);
+  }
   choose_precision();
   check_memory_fits();
   build_strategy();

@@ -101,31 +101,49 @@ std::string entry_class(const std::string& entry) {
 }  // namespace
 
 std::set<std::string> lower_precision_parameters(const torch::nn::Module& model,
-                                                 const std::vector<std::string>& modules) {
+                                                 const std::vector<std::string>& modules,
+                                                 std::vector<std::string>* warnings) {
   std::set<std::string> params, matched, present;
+  std::map<std::string, int64_t> held;  // per entry, the parameters its modules hold themselves
   for (const auto& item : model.named_modules()) {
     const std::string& name = item.value()->name();
     present.insert(name);
     bool safe = false;
+    const auto own = item.value()->named_parameters(/*recurse=*/false);
     for (const std::string& m : modules) {
       if (!names_class(entry_class(m), without_impl(name))) continue;
       safe = true;
       matched.insert(m);
+      held[m] += static_cast<int64_t>(own.size());
     }
     if (!safe) continue;
-    for (const auto& p : item.value()->named_parameters(/*recurse=*/false))
+    for (const auto& p : own)
       params.insert(item.key().empty() ? p.key() : item.key() + "." + p.key());
   }
   // DeepSpeed's default list names classes a model need not have; a list the config gives must
   // name modules the model has.
   if (modules == default_lower_precision_modules()) return params;
+  std::vector<std::string> missing;
   for (const std::string& m : modules) {
-    DSCPP_CHECK(matched.count(m), ConfigError, "torch_autocast.lower_precision_safe_modules: \"", m,
-                "\" names no module of the model (read as the C++ class ", entry_class(m),
-                "); its module classes are: ",
-                join(std::vector<std::string>(present.begin(), present.end()), ", "),
-                ". HINT: name a class as Module::name() gives it (namespace and \"Impl\" "
-                "optional), or a torch.nn module by its Python name (torch.nn.Linear)");
+    if (!matched.count(m))
+      missing.push_back("\"" + m + "\" (read as the C++ class " + entry_class(m) + ")");
+  }
+  DSCPP_CHECK(missing.empty(), ConfigError,
+              "torch_autocast.lower_precision_safe_modules: ", join(missing, ", "),
+              missing.size() == 1 ? " names" : " name",
+              " no module of the model; its module classes are: ",
+              join(std::vector<std::string>(present.begin(), present.end()), ", "),
+              ". HINT: name a class as Module::name() gives it (namespace and \"Impl\" "
+              "optional), or a torch.nn module by its Python name (torch.nn.Linear)");
+  for (const std::string& m : modules) {
+    if (warnings && held[m] == 0) {
+      warnings->push_back(
+          "torch_autocast.lower_precision_safe_modules: \"" + m +
+          "\" names modules that hold no parameters themselves; as in DeepSpeed only a named "
+          "module's own parameters (not its submodules') have their gradients reduced in the "
+          "autocast dtype, so this entry changes nothing. HINT: name the classes that hold the "
+          "parameters (e.g. torch.nn.Linear)");
+    }
   }
   return params;
 }

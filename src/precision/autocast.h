@@ -68,8 +68,11 @@ const std::vector<std::string>& default_lower_precision_modules();
 // classes `modules` hold themselves (DeepSpeed's module.parameters(recurse=False)). A Python
 // torch.nn name (torch.nn.Linear, torch.nn.modules.linear.Linear) names libtorch's module; any
 // other is a C++ class as Module::name() spells it, its "Impl" suffix optional. Throws ConfigError
-// naming an entry that matches no module of the model, with the classes the model has.
+// naming every entry that matches no module of the model, with the classes the model has. With
+// `warnings`, adds one for each entry whose modules hold no parameters themselves (their
+// submodules' are not covered, as in DeepSpeed).
 std::set<std::string> lower_precision_parameters(const torch::nn::Module& model,
-                                                 const std::vector<std::string>& modules);
+                                                 const std::vector<std::string>& modules,
+                                                 std::vector<std::string>* warnings = nullptr);
 
 }  // namespace dscpp::precision

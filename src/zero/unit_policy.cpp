@@ -68,9 +68,13 @@ bool matches(const UnitPolicy& policy, const std::string& path, const std::strin
 UnitPolicy with_leaf_modules(UnitPolicy given, const ZeroLeafModuleConfig& leaf) {
   for (const auto& n : leaf.names) given.paths.push_back(n);
   for (const auto& s : leaf.name_suffixes) given.paths.push_back("*" + s);
+  // A class as DeepSpeed's users name it (a Python class name) or as libtorch's Module::name()
+  // gives it: with or without its namespace, and with or without TORCH_MODULE's "Impl".
   for (const auto& c : leaf.classes) {
-    given.types.push_back(c);
-    given.types.push_back("*::" + c);
+    for (const std::string& t : {c, c + "Impl"}) {
+      given.types.push_back(t);
+      given.types.push_back("*::" + t);
+    }
   }
   return given;
 }
@@ -113,10 +117,17 @@ void check_each_matches(torch::nn::Module& model, const UnitPolicy& given,
     if (!any([&](const auto&, const auto& t) { return matches(as_types, "", t); }))
       note("zero_optimization.leaf_module.classes", c);
   }
-  DSCPP_CHECK(missing.empty(), ConfigError, "ZeRO stage 3 units named but matching no module of ",
-              "the model: ", missing, ". HINT: module paths are named_modules() keys such as ",
-              "\"h.0\" (InitOptions takes globs like \"h.*\"); types are Module::name(), e.g. ",
-              "\"dscpp::models::BlockImpl\" (\"BlockImpl\" in leaf_module.classes)");
+  if (missing.empty()) return;
+  std::set<std::string> classes;
+  for (const auto& [path, type] : modules) classes.insert(type);
+  std::string listed;
+  for (const auto& c : classes) listed += (listed.empty() ? "" : ", ") + c;
+  DSCPP_FAIL(ConfigError, "ZeRO stage 3 units named but matching no module of the model: ", missing,
+             ". Its module classes are: ", listed,
+             "; its top-level modules: ", top_level_modules(model),
+             ". HINT: leaf_module.classes names a class as Module::name() gives it (namespace "
+             "and \"Impl\" optional); names and InitOptions::zero_units paths are "
+             "named_modules() keys such as \"h.0\" (InitOptions takes globs like \"h.*\")");
 }
 
 std::string top_level_modules(torch::nn::Module& model) {

@@ -52,7 +52,8 @@ TEST(CheckModel, RefusesWhatInitializeRefusesWithItsText) {
                R"(, "torch_autocast": {"enabled": true, "lower_precision_safe_modules": ["torch.nn.Conv2d"]})"),
        plain_net,
        {},
-       "\"torch.nn.Conv2d\" names no module of the model"},
+       "\"torch.nn.Conv2d\" (read as the C++ class torch::nn::Conv2d) names no module of the "
+       "model"},
       {"a unit shard larger than offload_param's buffers",
        kAdamW +
            std::string(
@@ -128,6 +129,55 @@ TEST(CheckModel, AcceptsWhatInitializeAcceptsWithItsWarnings) {
   // The batch is resolved for the world size given: 4 samples do not split over 3 ranks.
   const std::string bad = testing::error_of<ConfigError>([&] { check(plain_net(), config, 3); });
   EXPECT_NE(bad.find("the world size given to dscpp::check()"), std::string::npos) << bad;
+}
+
+// Names of module classes, as a user writes them: leaf_module.classes takes TORCH_MODULE's name
+// without "Impl" as torch_autocast's list does; every bad name is listed at once with the
+// model's classes; a safe-module class that holds no parameters itself is said to change nothing.
+TEST(CheckModel, ClassNamesAsAUserWritesThem) {
+  struct BlockImpl : torch::nn::Module {
+    BlockImpl() { fc = register_module("fc", torch::nn::Linear(4, 4)); }
+    torch::nn::Linear fc{nullptr};
+  };
+  struct Model : torch::nn::Module {
+    Model() {
+      for (const char* n : {"a", "b"}) register_module(n, std::make_shared<BlockImpl>());
+    }
+  };
+  auto model = std::make_shared<Model>();
+  const std::string stage3 = kAdamW + std::string(R"(, "zero_optimization": {"stage": 3, )");
+  // "Block" and "BlockImpl" both name BlockImpl (Module::name() is the C++ type's).
+  std::string type = model->named_modules()["a"]->name();
+  const std::string bare = type.substr(type.rfind("::") + 2);
+  ASSERT_EQ(bare.substr(bare.size() - 4), "Impl") << type;
+  for (const std::string& cls : {bare, bare.substr(0, bare.size() - 4)}) {
+    EXPECT_NO_THROW(check(
+        model, config_json(4, 2, stage3 + R"("leaf_module": {"classes": [")" + cls + R"("]}})"), 2))
+        << cls;
+  }
+  const std::string leaf = testing::error_of<ConfigError>([&] {
+    check(model, config_json(4, 2, stage3 + R"("leaf_module": {"classes": ["Blok"]}})"), 2);
+  });
+  EXPECT_NE(leaf.find("leaf_module.classes \"Blok\". Its module classes are: "), std::string::npos)
+      << leaf;
+  EXPECT_NE(leaf.find(type), std::string::npos) << leaf;
+  const std::string autocast = kAdamW + std::string(R"(, "torch_autocast": {"enabled": true, )");
+  const std::string both = testing::error_of<ConfigError>([&] {
+    check(model,
+          config_json(4, 2, autocast + R"("lower_precision_safe_modules": ["Blok", "Lin"]})"), 2);
+  });
+  EXPECT_NE(both.find("\"Blok\" (read as the C++ class Blok), \"Lin\" (read as the C++ class "
+                      "Lin) name no module of the model"),
+            std::string::npos)
+      << both;
+  const auto warnings = check(
+      model, config_json(4, 2, autocast + R"("lower_precision_safe_modules": ["Block"]})"), 2);
+  bool said = false;
+  for (const auto& w : warnings)
+    said = said || w.find(
+                       "\"Block\" names modules that hold no "
+                       "parameters themselves") != std::string::npos;
+  EXPECT_TRUE(said);
 }
 
 TEST(CheckModel, ShapesOnlyKeepsTheShapesAndNoValues) {

@@ -518,10 +518,11 @@ TEST(EngineMixedPrecision, TorchAutocastComputesInBf16OnFp32Weights) {
           borrowed(c));
       ADD_FAILURE() << "a lower_precision_safe_modules entry naming no module was accepted";
     } catch (const ConfigError& e) {
-      EXPECT_NE(
-          std::string(e.what()).find("\"torch.nn.Conv2d\" names no module of the model (read as "
-                                     "the C++ class torch::nn::Conv2d); its module classes are: "),
-          std::string::npos)
+      EXPECT_NE(std::string(e.what()).find(
+                    "\"torch.nn.Conv2d\" (read as the C++ class torch::nn::Conv2d), "
+                    "\"Gian\" (read as the C++ class Gian) name no module of the "
+                    "model; its module classes are: "),
+                std::string::npos)
           << e.what();
       EXPECT_NE(std::string(e.what()).find("GainImpl"), std::string::npos) << e.what();
     }

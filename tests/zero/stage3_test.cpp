@@ -907,7 +907,8 @@ TEST(EngineZero3, MisuseIsAClearError) {
     EXPECT_NE(msg.find("matching no module of the model: InitOptions::zero_units path \"c*\"; "
                        "InitOptions::zero_units type \"*Nothing\"; "
                        "zero_optimization.leaf_module.names \"a.w\"; "
-                       "zero_optimization.leaf_module.name_suffixes \"x\". HINT"),
+                       "zero_optimization.leaf_module.name_suffixes \"x\". Its module classes "
+                       "are: "),
               std::string::npos)
         << msg;
   });
