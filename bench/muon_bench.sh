@@ -7,6 +7,8 @@
 # medians over the rounds.
 #   bench/muon_bench.sh [ROUNDS, default 3]
 #   MODELS="bench 150m" STAGES="0 2" STEPS_BENCH=12 STEPS_150M=6
+#   PRECISION=bf16_states: both optimizers with bf16 master weights and bf16 optimizer states
+#   (bf16.bf16_master_weights_and_grads and bf16_optimizer_states; stages 1-3) instead of fp32
 # bench: the benchmark GPT (6 x 384, 6 heads, T 256, vocab 256, micro-batch 4);
 # 150m: 12 x 1024, 16 heads, T 256, vocab 256, micro-batch 1.
 # Needs build/ and ../shared/data/tinyshakespeare.txt.
@@ -15,6 +17,13 @@ cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
 DATA=${DATA:-../shared/data/tinyshakespeare.txt}
 CFG=$(mktemp /tmp/muon_bench_XXXXXX.json)
+BF16=""
+if [ "${PRECISION:-fp32}" = bf16_states ]; then
+  BF16=' "bf16": {"enabled": true, "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true},'
+elif [ "${PRECISION:-fp32}" != fp32 ]; then
+  echo "PRECISION must be fp32 or bf16_states" >&2
+  exit 2
+fi
 trap 'rm -f "$CFG"' EXIT
 export OMP_NUM_THREADS=1
 
@@ -33,7 +42,7 @@ run() {
   cat >"$CFG" <<JSON
 {"train_batch_size": $((2 * micro)), "train_micro_batch_size_per_gpu": $micro,
  "gradient_clipping": 1.0, "steps_per_print": $steps, "wall_clock_breakdown": true,
- "dump_state": true, "zero_optimization": {"stage": $stage},
+ "dump_state": true, "zero_optimization": {"stage": $stage},$BF16
  "optimizer": {"type": "$opt", "params": {$params}}}
 JSON
   local out
