@@ -299,6 +299,8 @@ void check_gpt(Checklist& cl, const Config& cfg, models::GPTConfig gpt, bool che
     if (gpt.block_size == 0) gpt.block_size = task.block_size();
   }
   gpt.validate();
+  // dscpp train passes no optimizer of its own: the config's is the one.
+  engine::check_optimizer_sources(cfg, /*client_optimizer=*/false, /*client_lr_scheduler=*/false);
   int local = 0;
   for (const auto& h : hosts) {
     if (launch::is_local_host(h.host)) local += h.num_procs();

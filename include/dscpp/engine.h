@@ -287,15 +287,18 @@ std::shared_ptr<Engine> initialize(std::shared_ptr<torch::nn::Module> model,
                                    InitOptions options = {});
 
 // What initialize() would refuse for this model and config in a job of `world` ranks
-// (`local_ranks` of them on this host, sharing its memory; 0: all of them), decided here without
+// (`local_ranks` of them on this host, sharing its memory; 0: the launcher's LOCAL_WORLD_SIZE, 1
+// without a launcher), decided here without
 // joining a job or building anything: the config's settings and batch, the model's (trainable
 // parameters fp32 on one device, stage 3's units, torch_autocast's safe modules,
 // offload_param.buffer_size against the largest shard on disk) and the pre-flight memory check
 // (NOTE [pre-flight] in src/engine/estimate.h) against this host. world 0: this process's job
 // as the launcher describes it (detect_process_env(): WORLD_SIZE and LOCAL_WORLD_SIZE, 1 and 1
-// without a launcher). `options` as initialize() would get them (a client optimizer, zero_units,
+// without a launcher); zero_hpz_partition_size is judged with every host running local_ranks.
+// `options` as initialize() would get them (a client optimizer, zero_units,
 // device_link, activation_bytes; the communicator and file systems are not used). Throws the
-// ConfigError initialize() would throw, with its text; returns every warning it would log (the
+// ConfigError initialize() would throw, with its text (a batch error names dscpp::check() as where
+// the world size came from); returns every warning it would log (the
 // parser logs its own as it reads the config, as it does for initialize()). A model built for
 // its shapes only (zero::ShapesOnly) is judged as the model it describes.
 std::vector<std::string> check(std::shared_ptr<torch::nn::Module> model,

@@ -67,6 +67,37 @@ std::vector<std::string> check_model(const Config& config, torch::nn::Module& mo
   return warnings;
 }
 
+void check_optimizer_sources(const Config& config, bool client_optimizer,
+                             bool client_lr_scheduler) {
+  // Before anything is built: the optimizer's swap file would otherwise ask the config's
+  // optimizer first, with other words.
+  if (client_optimizer) {
+    DSCPP_CHECK(config.optimizer.type.empty(), ConfigError, "both the config's optimizer section (",
+                config.optimizer.type,
+                ") and a client optimizer were given. HINT: remove one of them");
+  } else {
+    DSCPP_CHECK(!config.optimizer.type.empty(), ConfigError,
+                "the config has no optimizer section and no optimizer was passed to "
+                "initialize(). HINT: add {\"optimizer\": {\"type\": \"AdamW\", \"params\": "
+                "{\"lr\": 1e-3}}}");
+  }
+  if (client_lr_scheduler) {
+    DSCPP_CHECK(config.scheduler.type.empty(), ConfigError, "both the config's scheduler section (",
+                config.scheduler.type,
+                ") and a client LR scheduler were given. HINT: remove one of them");
+  } else if (client_optimizer) {
+    DSCPP_CHECK(config.scheduler.type.empty(), ConfigError,
+                "a scheduler section needs the config's optimizer; with a client optimizer pass "
+                "a client LR scheduler too");
+  }
+}
+
+void check_device_link(const c10::Device& link, const c10::Device& model) {
+  DSCPP_CHECK(link == model, ConfigError, "InitOptions::device_link copies to and from ", link,
+              " but the model is on ", model,
+              ". HINT: pass a link for the model's device, or none (dscpp makes one)");
+}
+
 void model_fits(const Config& config, torch::nn::Module& model, const ModelFit& fit) {
   // NOTE [pre-flight]: before anything is allocated, the memory this config asks for (the
   // activations only when they are known) against the memory this host has left (check_fits,
@@ -102,31 +133,38 @@ std::vector<std::string> check(std::shared_ptr<torch::nn::Module> model,
                                const std::string& config_path_or_json, int world,
                                const InitOptions& options, int local_ranks) {
   DSCPP_CHECK(model, ConfigError, "check() was given a null model");
-  if (world == 0) {  // this process's job
-    const ProcessEnv env = detect_process_env();
-    world = env.world_size;
-    if (local_ranks == 0) local_ranks = env.local_world_size;
-  }
+  const ProcessEnv env = detect_process_env();
+  if (world == 0) world = env.world_size;  // this process's job
+  if (local_ranks == 0) local_ranks = std::min(world, env.local_world_size);
   DSCPP_CHECK(world > 0, ConfigError, "check(): the world size must be > 0, got ", world);
-  DSCPP_CHECK(local_ranks >= 0 && local_ranks <= world, ConfigError, "check(): local_ranks ",
-              local_ranks, " is not in [0, world ", world, "]");
+  DSCPP_CHECK(local_ranks > 0 && local_ranks <= world, ConfigError, "check(): local_ranks ",
+              local_ranks, " is not in [1, world ", world, "]");
   Config config = Config::parse(config_path_or_json);
   std::string device = "cpu";
+  at::Device model_device(at::kCPU);
   for (const auto& p : model->parameters()) {
     if (!p.is_cpu()) device = p.device().str();
+    model_device = p.device();
   }
   engine::SupportContext support{options.optimizer != nullptr, options.lr_scheduler != nullptr,
                                  device != "cpu" || options.device_link != nullptr, device,
                                  options.device_link != nullptr};
   support.world = world;
+  // The ranks that will share memory, as initialize()'s communicator will find them for a model
+  // in host memory (every host with local_ranks; shared memory and the hierarchy not turned off).
+  support.host_group = device == "cpu" ? local_ranks : 1;
+  support.collectives = device == "cpu" ? "Gloo over TCP" : "NCCL";
   std::vector<std::string> warnings =
       engine::check_config(config, support, "the world size given to dscpp::check()");
+  engine::check_optimizer_sources(config, options.optimizer != nullptr,
+                                  options.lr_scheduler != nullptr);
+  if (options.device_link) engine::check_device_link(options.device_link->device(), model_device);
   const std::vector<std::string> model_warnings =
       engine::check_model(config, *model, options.zero_units, world);
   warnings.insert(warnings.end(), model_warnings.begin(), model_warnings.end());
   engine::ModelFit fit;
   fit.world = world;
-  fit.local = local_ranks > 0 ? local_ranks : world;
+  fit.local = local_ranks;
   fit.device_link = options.device_link != nullptr;
   fit.activation_bytes = options.activation_bytes;
   engine::model_fits(config, *model, fit);

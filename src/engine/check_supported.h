@@ -8,6 +8,8 @@
 // silence. docs/config.md lists the decisions.
 #pragma once
 
+#include <c10/core/Device.h>
+
 #include <string>
 #include <vector>
 
@@ -54,6 +56,14 @@ std::vector<std::string> check_config(Config& config, const SupportContext& cont
 // the secondary partition's size (1: none). Throws ConfigError; adds the no-effect warning.
 int secondary_partition_size(const Config& config, int host, int world,
                              const std::string& collectives, std::vector<std::string>* warnings);
+
+// What the program passed beside the config (InitOptions::optimizer, lr_scheduler) against the
+// config's optimizer and scheduler sections: one of each source at most, and an optimizer.
+// Throws ConfigError.
+void check_optimizer_sources(const Config& config, bool client_optimizer, bool client_lr_scheduler);
+
+// InitOptions::device_link against the model's device. Throws ConfigError.
+void check_device_link(const c10::Device& link, const c10::Device& model);
 
 // What the engine decides from the model itself, for a job of `world` ranks, before it builds
 // anything: trainable parameters exist, are fp32 and on one device; zero::Init's shards only at

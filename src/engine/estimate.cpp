@@ -250,8 +250,11 @@ Estimate estimate(const EstimateInput& in, const Config& c, int stage,
     e.master = 0;
   }
   if (bf16_states) {
-    if (e.offload_optimizer == "cpu") e.host_part -= e.optimizer_state / 2;
-    e.optimizer_state /= 2;
+    // Every state in bf16; Muon's exp_avg alone (its Newton-Schulz inputs, updates and their
+    // gathered copies, counted above as states, stay fp32).
+    const int64_t saved = c.optimizer.type == "Muon" ? part * 2 : e.optimizer_state / 2;
+    if (e.offload_optimizer == "cpu") e.host_part -= saved;
+    e.optimizer_state -= saved;
   }
   if (mixed) {
     // The fp32 gradients the optimizer reads (precision/part_store.cpp's Fp32Grads): one

@@ -76,7 +76,12 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> model, Config config, 
   }
   resolve_batch();
   check_same_model_on_every_rank();
-  for (const auto& w : check_model(config_, *model_, zero_units_, comm_->world_size())) {
+  std::vector<std::string> model_warnings;
+  on_every_rank(
+      "the model check",
+      [&] { model_warnings = check_model(config_, *model_, zero_units_, comm_->world_size()); },
+      /*checkpoint_error=*/false);
+  for (const auto& w : model_warnings) {
     if (comm_->rank() == 0) DSCPP_LOG_WARN("{}", w);
   }
   choose_precision();
@@ -328,10 +333,7 @@ void EngineImpl::check_offload_devices() {
   const bool optimizer_to_host = stage > 0 && oo.device == "cpu";
   const bool params_off_device = stage == 3 && op.device != "none";
   if (device_link_) {
-    DSCPP_CHECK(device_link_->device() == device_, ConfigError,
-                "InitOptions::device_link copies to and from ", device_link_->device(),
-                " but the model is on ", device_,
-                ". HINT: pass a link for the model's device, or none (dscpp makes one)");
+    check_device_link(device_link_->device(), device_);
   } else if (((stage > 0 && oo.device != "none") || params_off_device) && !device_.is_cpu()) {
     // check_supported refused a device without a link of dscpp's.
     own_device_link_ = offload::make_device_link(device_);
@@ -673,28 +675,8 @@ std::unique_ptr<offload::ParamSwapper> EngineImpl::build_param_swapper(
 }
 
 void EngineImpl::check_optimizer_sources() const {
-  // What the program passed beside the config (so not check_supported's, which dscpp check runs
-  // without a program), before anything is built: the optimizer's swap file would otherwise
-  // ask the config's optimizer first, with other words.
-  if (client_optimizer_) {
-    DSCPP_CHECK(config_.optimizer.type.empty(), ConfigError,
-                "both the config's optimizer section (", config_.optimizer.type,
-                ") and a client optimizer were given. HINT: remove one of them");
-  } else {
-    DSCPP_CHECK(!config_.optimizer.type.empty(), ConfigError,
-                "the config has no optimizer section and no optimizer was passed to "
-                "initialize(). HINT: add {\"optimizer\": {\"type\": \"AdamW\", \"params\": "
-                "{\"lr\": 1e-3}}}");
-  }
-  if (client_lr_scheduler_) {
-    DSCPP_CHECK(config_.scheduler.type.empty(), ConfigError,
-                "both the config's scheduler section (", config_.scheduler.type,
-                ") and a client LR scheduler were given. HINT: remove one of them");
-  } else if (client_optimizer_) {
-    DSCPP_CHECK(config_.scheduler.type.empty(), ConfigError,
-                "a scheduler section needs the config's optimizer; with a client optimizer pass "
-                "a client LR scheduler too");
-  }
+  engine::check_optimizer_sources(config_, client_optimizer_ != nullptr,
+                                  client_lr_scheduler_ != nullptr);
 }
 
 void EngineImpl::build_optimizer() {

@@ -116,6 +116,7 @@ Stage3::Stage3(torch::nn::Module& model, NamedParams np, comm::Communicator& com
       s3_(s3),
       fetcher_(comm, s3.debug, s3.quantize_weights, s3.secondary_group),
       model_(&model) {
+  check_fp32_on_one_device(np.params, np.names);
   options_ = np.params[0].options().dtype(options.reduce.dtype).requires_grad(false);
   allgather_bucket_size_ = options.allgather_bucket_size;
   const std::vector<UnitRoot> roots = find_units(model, s3.units, &whole_model_unit_);

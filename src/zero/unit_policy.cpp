@@ -113,8 +113,15 @@ void check_each_matches(torch::nn::Module& model, const UnitPolicy& given,
       note("zero_optimization.leaf_module.name_suffixes", s);
   }
   for (const auto& c : leaf.classes) {
+    // The entry's own patterns only (matches() would also take any DSCPP_ZERO_UNIT type).
     const UnitPolicy as_types = with_leaf_modules({}, ZeroLeafModuleConfig{{c}, {}, {}});
-    if (!any([&](const auto&, const auto& t) { return matches(as_types, "", t); }))
+    auto names_type = [&](const std::string& t) {
+      for (const auto& g : as_types.types) {
+        if (glob_match(g.c_str(), t.c_str())) return true;
+      }
+      return false;
+    };
+    if (!any([&](const auto&, const auto& t) { return names_type(t); }))
       note("zero_optimization.leaf_module.classes", c);
   }
   if (missing.empty()) return;

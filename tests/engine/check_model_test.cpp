@@ -65,6 +65,11 @@ TEST(CheckModel, RefusesWhatInitializeRefusesWithItsText) {
        // fc1: 8 x 16 + 16 = 144 elements, 72 per rank.
        "offload_param.buffer_size 50 elements is smaller than the largest stage-3 unit shard a "
        "rank puts on disk (72 elements over 2 ranks)"},
+      {"no optimizer anywhere",
+       "",
+       plain_net,
+       {},
+       "the config has no optimizer section and no optimizer was passed to initialize()"},
       {"no trainable parameter",
        kAdamW,
        [] {
@@ -114,7 +119,7 @@ TEST(CheckModel, RefusesWhatInitializeRefusesWithItsText) {
   for (auto& e : errors) ASSERT_FALSE(e) << testing::error_text(e);
 }
 
-TEST(CheckModel, AcceptsWhatInitializeAcceptsWithItsWarnings) {
+TEST(CheckModel, AcceptsWhatInitializeAcceptsAndReturnsTheWarnings) {
   const std::string config = config_json(
       4, 2, kAdamW + std::string(R"(, "zero_optimization": {"stage": 0, "overlap_comm": false})"));
   const std::vector<std::string> warnings = check(plain_net(), config, 2);

@@ -914,19 +914,23 @@ TEST(OptimMuon, Bf16StatesAreTheFp32StepRoundedOnce) {
   mp.muon_lr = 0.02;
   mp.adam_lr = 0.003;
   mp.weight_decay = 0.1;
-  const std::vector<std::pair<int64_t, int64_t>> ranges = {{0, 15}, {15, 8}};
+  // Adam elements before, between and after the matrices, the last run longer than the piece
+  // the Adam half widens at a time (2^20 elements).
+  const int64_t tail = (int64_t{1} << 20) + 3, n = 3 + 15 + 2 + 8 + tail;
+  const std::vector<std::pair<int64_t, int64_t>> ranges = {{3, 15}, {20, 8}};
   const std::vector<std::vector<int64_t>> shapes = {{5, 3}, {2, 4}};
-  Muon bf16(mp, 28, at::kBFloat16, ranges), twin(mp, 28, at::kFloat, ranges),
-      plain(mp, 28, at::kFloat, ranges);  // fp32 states, never rounded
-  EXPECT_EQ(bf16.state_bytes(), (28 + 5) * 2);
-  auto round_states = [&](int64_t off, int64_t n) {
+  Muon bf16(mp, n, at::kBFloat16, ranges), twin(mp, n, at::kFloat, ranges),
+      plain(mp, n, at::kFloat, ranges);  // fp32 states, never rounded
+  EXPECT_EQ(bf16.state_bytes(), (n + n - 23) * 2);
+  auto round_states = [&](int64_t off, int64_t len) {
     for (size_t i = 0; i < 2; ++i)
-      twin.load_state_values(i, off, twin.state_values(i, off, n).to(at::kBFloat16).to(at::kFloat));
+      twin.load_state_values(i, off,
+                             twin.state_values(i, off, len).to(at::kBFloat16).to(at::kFloat));
   };
-  at::Tensor p16 = at::cat({sines(15, 0.37, 0.1), sines(8, 0.23, 0.4), sines(5, 0.51, 0.2)});
+  at::Tensor p16 = sines(n, 0.37, 0.1);
   at::Tensor p32 = p16.clone(), pplain = p16.clone();
   for (int s = 0; s < 4; ++s) {
-    const at::Tensor grads = sines(28, 0.11 * (s + 1), 0.3 * s) * (0.5 + s);
+    const at::Tensor grads = sines(n, 0.11 * (s + 1), 0.3 * s) * (0.5 + s);
     for (size_t k = 0; k < ranges.size(); ++k) {
       const auto [off, len] = ranges[k];
       const at::Tensor u16 = bf16.fold_momentum(off, grads.narrow(0, off, len), 2.0);
@@ -948,18 +952,17 @@ TEST(OptimMuon, Bf16StatesAreTheFp32StepRoundedOnce) {
     bf16.step(p16, grads, ctx);
     twin.step(p32, grads, ctx);
     plain.step(pplain, grads, ctx);
-    round_states(0, 28);
+    round_states(0, n);
     EXPECT_TRUE(at::equal(p16, p32)) << "step " << s;
     for (size_t i = 0; i < 2; ++i) {
-      EXPECT_TRUE(
-          at::equal(bf16.state_values(i, 0, 28).to(at::kFloat), twin.state_values(i, 0, 28)))
+      EXPECT_TRUE(at::equal(bf16.state_values(i, 0, n).to(at::kFloat), twin.state_values(i, 0, n)))
           << "state " << i << " step " << s;
     }
   }
   // The rounding is real: fp32 states give other weights.
   EXPECT_FALSE(at::equal(p16, pplain));
-  EXPECT_EQ(bf16.state_values(0, 0, 28).scalar_type(), at::kBFloat16);
-  EXPECT_THROW(Muon(mp, 28, at::kHalf, ranges), Error);
+  EXPECT_EQ(bf16.state_values(0, 0, n).scalar_type(), at::kBFloat16);
+  EXPECT_THROW(Muon(mp, n, at::kHalf, ranges), Error);
 }
 
 // The ATen path on CUDA against the fused CPU kernel (skipped without a GPU).

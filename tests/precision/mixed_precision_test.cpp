@@ -346,7 +346,9 @@ TEST(EngineMixedPrecision, MuonWithBf16OptimizerStates) {
       return engine::estimate(in, Config::parse(config_json(8, 4, muon + bf16_master(on, 2))))
           .optimizer_state;
     };
-    EXPECT_EQ(2 * states(true), states(false));
+    // Only exp_avg is held in bf16; the Newton-Schulz inputs, updates and gathered copies the
+    // estimate counts with the states stay fp32: 2 bytes fewer per element of the part.
+    EXPECT_EQ(states(false) - states(true), 2 * ((numel + 1) / 2));
   });
   for (auto& e : errors) ASSERT_FALSE(e) << error_text(e);
   errors = run_thread_ranks(1, [&](Communicator& c) {
