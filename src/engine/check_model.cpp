@@ -140,12 +140,9 @@ std::vector<std::string> check(std::shared_ptr<torch::nn::Module> model,
   DSCPP_CHECK(local_ranks > 0 && local_ranks <= world, ConfigError, "check(): local_ranks ",
               local_ranks, " is not in [1, world ", world, "]");
   Config config = Config::parse(config_path_or_json);
-  std::string device = "cpu";
   at::Device model_device(at::kCPU);
-  for (const auto& p : model->parameters()) {
-    if (!p.is_cpu()) device = p.device().str();
-    model_device = p.device();
-  }
+  for (const auto& p : model->parameters()) model_device = p.device();
+  const std::string device = model_device.is_cpu() ? "cpu" : model_device.str();
   engine::SupportContext support{options.optimizer != nullptr, options.lr_scheduler != nullptr,
                                  device != "cpu" || options.device_link != nullptr, device,
                                  options.device_link != nullptr};

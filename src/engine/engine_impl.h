@@ -126,9 +126,6 @@ class EngineImpl {
   // Checks that the `key` folder `dir` can hold swap files (exists, is a folder; warns on tmpfs)
   // and makes the engine's AsyncIo if it has none.
   void prepare_swap_dir(const std::string& key, const std::string& dir);
-  // The config's optimizer and scheduler against the client ones initialize() was given: one
-  // of each, or a ConfigError.
-  void check_optimizer_sources() const;
   void build_optimizer();
   // tensorboard / csv_monitor: rank 0's writers, their folders made (every rank learns whether
   // that failed).

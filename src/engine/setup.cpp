@@ -67,7 +67,8 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> model, Config config, 
                          !cpu_model || device_link_ != nullptr, model_device,
                          device_link_ != nullptr};
   std::vector<std::string> ignored = check_supported(config_, support);
-  check_optimizer_sources();
+  engine::check_optimizer_sources(config_, client_optimizer_ != nullptr,
+                                  client_lr_scheduler_ != nullptr);
   // DeepSpeed's engine configures its checkpointing module the same way, process-wide.
   zero::set_cpu_checkpointing(config_.activation_checkpointing.cpu_checkpointing);
   if (!comm_) comm_ = comm::init_from_env(comm::CommOptions::from_config(&config_));
@@ -672,11 +673,6 @@ std::unique_ptr<offload::ParamSwapper> EngineImpl::build_param_swapper(
         io::align_up(largest * c10::elementSize(dtype)) / double(1 << 20), async_io_->describe());
   }
   return swapper;
-}
-
-void EngineImpl::check_optimizer_sources() const {
-  engine::check_optimizer_sources(config_, client_optimizer_ != nullptr,
-                                  client_lr_scheduler_ != nullptr);
 }
 
 void EngineImpl::build_optimizer() {
